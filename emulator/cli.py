@@ -1,0 +1,129 @@
+"""Command line: ``emulator run | check | collbench | validate``.
+
+User errors print one line (``error: ...``) and exit with code 2; success exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from emulator.errors import EmulatorError
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_file", help="run file (YAML)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override any config value, e.g. --set cluster.nodes=2 (repeatable)")  # fmt: skip
+    p.add_argument("--program", help="run this program (path.py:function) instead of the file's")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="emulator", description="Emulate GPU training clusters on virtual GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a training job or program on the emulated cluster")
+    _add_config_args(run)
+    run.add_argument("--out", type=Path, help="run directory (default runs/<time>-<name>)")
+    run.add_argument("--backend", default="inline", help="inline (default) or ray")
+    run.add_argument("--shards", type=int, default=1, help="number of shards (Ray actors, or in-process)")
+    run.add_argument("--address", help="Ray cluster address: auto or HOST:PORT (default: start a local Ray)")
+    run.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+    check = sub.add_parser("check", help="validate a run file without running it")
+    _add_config_args(check)
+
+    bench = sub.add_parser("collbench", help="nccl-tests-style collective benchmark")
+    bench.add_argument("--cluster", required=True, help="cluster file or preset name")
+    bench.add_argument("--op", default="all_reduce")
+    bench.add_argument("--gpus", type=int, required=True, help="run on the first N GPUs")
+    bench.add_argument("--algo", help="collective algorithm (default: the tier's)")
+    bench.add_argument("--min-bytes", default="8")
+    bench.add_argument("--max-bytes", default="128M")
+    bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    bench.add_argument("--json", action="store_true", help="print rows as JSON")
+
+    validate = sub.add_parser("validate", help="compare predictions with published measurements")
+    validate.add_argument("--json", action="store_true")
+    validate.add_argument("--only", help="run only the cases whose name contains this text")
+    return parser
+
+
+def _load(args):
+    from emulator.config.loader import load_run
+
+    overrides = list(args.overrides)
+    if args.program:
+        overrides.append(f"program={args.program}")
+    return load_run(args.run_file, overrides)
+
+
+def cmd_run(args) -> int:
+    from emulator.run import default_out_dir, execute, write_run_dir
+
+    config = _load(args)
+    summary, _, _ = execute(config, backend=args.backend, shards=args.shards, address=args.address)
+    out = write_run_dir(args.out or default_out_dir(config.name), config, summary)
+    it = summary.get("iteration_time_s")
+    line = (
+        f"{config.name}: {summary['world_size']} GPUs, virtual {summary['sim_time_s']:.6f} s in "
+        f"{summary['wall_time_s']:.2f} s wall ({summary['events']} events)"
+        + (f", iteration {it:.4f} s" if it else "")
+        + (f", MFU {summary['mfu']:.3f}" if summary.get("mfu") is not None else "")
+        + f" -> {out}/summary.json"
+    )
+    print(line)
+    return 0
+
+
+def cmd_check(args) -> int:
+    config = _load(args)
+    print(f"{args.run_file}: ok ({config.cluster.world_size} GPUs)")
+    if config.model is not None:
+        from emulator.workloads.memory import memory_report
+
+        print(memory_report(config))
+    return 0
+
+
+def cmd_collbench(args) -> int:
+    from emulator.collbench import collbench, format_table, parse_size, sizes_between
+    from emulator.config.loader import load_cluster
+
+    cluster = load_cluster(args.cluster, args.overrides)
+    sizes = sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes))
+    rows = collbench(cluster, args.op, args.gpus, args.algo, sizes)
+    if args.json:
+        print(json.dumps([{k: r[k] for k in ("size_bytes", "time_us", "algbw_GBps", "busbw_GBps")} for r in rows]))
+    else:
+        print(format_table(rows, args.op, args.gpus, args.algo))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from emulator.validate import format_report, run_validation
+
+    rows = run_validation(args.only)
+    print(json.dumps(rows, indent=2) if args.json else format_report(rows))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "collbench": cmd_collbench, "validate": cmd_validate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except EmulatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

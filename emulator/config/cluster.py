@@ -1,0 +1,148 @@
+"""Cluster configuration: node groups of GPUs and the tiers of the network.
+
+A homogeneous cluster is written with top-level ``nodes, gpus_per_node, gpu, scale_up, nic``
+(so ``--set cluster.nodes=2`` resizes a preset); a heterogeneous one as a list ``node_groups`` of the
+same keys. Internally every cluster is a list of node groups (see :meth:`ClusterConfig.groups`).
+
+Bandwidths are per direction: ``bandwidth_GBps`` in 10^9 bytes/s, NIC ``bandwidth_Gbps`` in 10^9
+bits/s as network vendors quote them. Latencies are end-to-end for a message routed at that tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emulator.config.typed import require
+
+
+@dataclass
+class ScaleUpConfig:
+    """The fabric inside a node (NVLink/NVSwitch, Infinity Fabric, PCIe): one port per GPU."""
+
+    name: str = "nvswitch"
+    bandwidth_GBps: float = 300.0  # per GPU, per direction
+    latency_us: float = 2.0  # end to end, one message
+    efficiency: float = 1.0  # achievable fraction of bandwidth (link-level, not per model)
+    algorithms: dict[str, str] = field(default_factory=dict)  # op -> default algorithm on this tier
+
+    def validate(self, path: str) -> None:
+        require(self.bandwidth_GBps > 0, f"{path}.bandwidth_GBps must be > 0, got {self.bandwidth_GBps}")
+        require(self.latency_us >= 0, f"{path}.latency_us must be >= 0, got {self.latency_us}")
+        require(0 < self.efficiency <= 1, f"{path}.efficiency must be in (0, 1], got {self.efficiency}")
+
+
+@dataclass
+class NicConfig:
+    """Scale-out NICs of a node; GPU i uses NIC i % count (rail-optimised wiring)."""
+
+    count: int = 1
+    bandwidth_Gbps: float = 200.0  # per NIC, per direction
+    efficiency: float = 1.0
+
+    def validate(self, path: str) -> None:
+        require(self.count >= 1, f"{path}.count must be >= 1, got {self.count}")
+        require(self.bandwidth_Gbps > 0, f"{path}.bandwidth_Gbps must be > 0, got {self.bandwidth_Gbps}")
+        require(0 < self.efficiency <= 1, f"{path}.efficiency must be in (0, 1], got {self.efficiency}")
+
+
+@dataclass
+class SwitchTierConfig:
+    """One scale-out switch tier (leaf, spine, core ...), listed from the lowest.
+
+    ``span_nodes`` is how many consecutive nodes one switch group of this tier connects (0: all of
+    them). ``oversubscription`` (e.g. 3 for 3:1) divides the bandwidth a node has towards the tier
+    above; it is modelled as each node's share of the uplinks, owned by the node's shard.
+    """
+
+    name: str = "leaf"
+    span_nodes: int = 0
+    latency_us: float = 5.0
+    oversubscription: float = 1.0
+    algorithms: dict[str, str] = field(default_factory=dict)
+
+    def validate(self, path: str) -> None:
+        require(self.span_nodes >= 0, f"{path}.span_nodes must be >= 0 (0 = all nodes), got {self.span_nodes}")
+        require(self.latency_us > 0, f"{path}.latency_us must be > 0, got {self.latency_us}")
+        require(self.oversubscription >= 1, f"{path}.oversubscription must be >= 1, got {self.oversubscription}")
+
+
+@dataclass
+class NodeGroupConfig:
+    """Nodes of one kind: how many, GPUs per node, GPU type, and their fabric and NICs."""
+
+    name: str = "nodes"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = "a100-sxm-80gb"
+    scale_up: ScaleUpConfig = field(default_factory=ScaleUpConfig)
+    nic: NicConfig = field(default_factory=NicConfig)
+
+    def validate(self, path: str) -> None:
+        require(self.nodes >= 1, f"{path}.nodes must be >= 1, got {self.nodes}")
+        require(self.gpus_per_node >= 1, f"{path}.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+
+
+@dataclass
+class ClusterConfig:
+    """A cluster: one node group (top-level keys) or several (``node_groups``) and switch tiers."""
+
+    name: str = "cluster"
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    gpu: str | None = None
+    scale_up: ScaleUpConfig | None = None
+    nic: NicConfig | None = None
+    node_groups: list[NodeGroupConfig] | None = None
+    tiers: list[SwitchTierConfig] = field(default_factory=list)
+
+    def validate(self, path: str) -> None:
+        flat = [k for k in ("nodes", "gpus_per_node", "gpu", "scale_up", "nic") if getattr(self, k) is not None]
+        if self.node_groups is not None:
+            require(not flat, f"{path}: give either node_groups or {', '.join(flat)}, not both")
+            require(len(self.node_groups) >= 1, f"{path}.node_groups must not be empty")
+            names = [g.name for g in self.node_groups]
+            require(len(set(names)) == len(names), f"{path}.node_groups: names must be unique, got {names}")
+        else:
+            require(self.nodes is not None, f"missing key '{path}.nodes' (or give '{path}.node_groups')")
+        spans = self.tier_spans()
+        for i in range(1, len(spans)):
+            require(
+                spans[i] >= spans[i - 1] and (spans[i] % spans[i - 1] == 0 or spans[i] == self.total_nodes),
+                f"{path}.tiers[{i}].span_nodes ({self.tiers[i].span_nodes}) must be a multiple of "
+                f"tiers[{i - 1}].span_nodes ({self.tiers[i - 1].span_nodes})",
+            )
+        if self.total_nodes > 1:
+            require(self.tiers, f"{path}.tiers: {self.total_nodes} nodes need at least one switch tier")
+            require(
+                spans[-1] >= self.total_nodes,
+                f"{path}.tiers: the top tier spans {spans[-1]} nodes but the cluster has {self.total_nodes}; "
+                f"set span_nodes: 0 on the top tier",
+            )
+
+    def groups(self) -> list[NodeGroupConfig]:
+        """The node groups, the homogeneous form turned into a single group."""
+        if self.node_groups is not None:
+            return self.node_groups
+        return [
+            NodeGroupConfig(
+                name=self.name,
+                nodes=self.nodes or 1,
+                gpus_per_node=self.gpus_per_node or 8,
+                gpu=self.gpu or "a100-sxm-80gb",
+                scale_up=self.scale_up or ScaleUpConfig(),
+                nic=self.nic or NicConfig(),
+            )
+        ]
+
+    def tier_spans(self) -> list[int]:
+        """Nodes under one switch group of each tier, clipped to the cluster (0 means all)."""
+        total = self.total_nodes
+        return [min(t.span_nodes or total, total) for t in self.tiers]
+
+    @property
+    def total_nodes(self) -> int:
+        return sum(g.nodes for g in self.groups())
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.nodes * g.gpus_per_node for g in self.groups())

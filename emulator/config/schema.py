@@ -1,0 +1,164 @@
+"""The run configuration: ``cluster`` + ``model`` + ``parallel`` / ``training``, plus a program.
+
+Names follow Megatron-LM so that users feel at home (``num_layers``, ``hidden_size``,
+``num_attention_heads``, ``ffn_hidden_size``, ``num_query_groups``, ``micro_batch_size`` ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from emulator.config.cluster import ClusterConfig
+from emulator.config.typed import require
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer (GPT/BLOOM style, or Llama style with GQA and SwiGLU)."""
+
+    name: str = "model"
+    num_layers: int = 24
+    hidden_size: int = 1024
+    num_attention_heads: int = 16
+    ffn_hidden_size: int | None = None  # default 4 * hidden_size
+    vocab_size: int = 51200
+    num_query_groups: int | None = None  # grouped-query attention; default = num_attention_heads
+    swiglu: bool = False  # gated MLP with three GEMMs (Llama)
+
+    def validate(self, path: str) -> None:
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        require(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"{path}: hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+            f"({self.num_attention_heads})",
+        )
+        groups = self.query_groups
+        require(
+            groups >= 1 and self.num_attention_heads % groups == 0,
+            f"{path}.num_query_groups ({groups}) must divide num_attention_heads ({self.num_attention_heads})",
+        )
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split: tensor x pipeline x data = world size (Megatron order)."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int | None = None  # default: world size / (tensor * pipeline)
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
+    sequence_parallel: bool = False
+    zero_stage: int = 0  # 0 (plain data parallel), 1, 2 or 3
+    schedule: Literal["1f1b", "gpipe", "interleaved-1f1b"] = "1f1b"
+    pipeline_layers: list[int] | None = None  # uneven partition: layers per pipeline stage
+    bucket_size_mb: float = 40.0  # gradient bucket for data-parallel reduction (Megatron default 40M elems ~)
+
+    def validate(self, path: str) -> None:
+        for key in ("tensor", "pipeline", "virtual_stages"):
+            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        require(self.data is None or self.data >= 1, f"{path}.data must be >= 1, got {self.data}")
+        require(self.zero_stage in (0, 1, 2, 3), f"{path}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        require(self.bucket_size_mb > 0, f"{path}.bucket_size_mb must be > 0, got {self.bucket_size_mb}")
+        if self.pipeline_layers is not None:
+            require(
+                len(self.pipeline_layers) == self.pipeline,
+                f"{path}.pipeline_layers has {len(self.pipeline_layers)} entries but pipeline = {self.pipeline}",
+            )
+            require(all(n >= 1 for n in self.pipeline_layers), f"{path}.pipeline_layers entries must be >= 1")
+
+
+@dataclass
+class TrainingConfig:
+    """Batch, sequence, recomputation, precision and how many iterations to emulate."""
+
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None  # default: micro_batch_size * data
+    seq_length: int = 2048
+    recompute: Literal["none", "selective", "full"] = "none"
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    iterations: int = 1
+
+    def validate(self, path: str) -> None:
+        for key in ("micro_batch_size", "seq_length", "iterations"):
+            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
+class EngineConfig:
+    """Engine knobs that change speed, never results."""
+
+    max_ops_ahead: int = 256  # how far a program may run ahead of its GPU's streams
+
+
+@dataclass
+class RunConfig:
+    """A run file: what to emulate on which cluster."""
+
+    name: str = "run"
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    program: str | None = None  # "path.py:function"; default: the built-in training workload
+    program_args: dict[str, Any] = field(default_factory=dict)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def validate(self, path: str) -> None:
+        require(
+            self.program is not None or self.model is not None,
+            "the run needs either 'program: path.py:function' or a 'model' for the built-in training workload",
+        )
+        if self.program is not None:
+            require(":" in self.program, f"program: expected 'path.py:function', got {self.program!r}")
+        if self.model is None:
+            return
+        world = self.cluster.world_size
+        p = self.parallel
+        data = p.data if p.data is not None else world // max(1, p.tensor * p.pipeline)
+        require(
+            p.tensor * p.pipeline * data == world,
+            f"parallel: tensor({p.tensor}) * pipeline({p.pipeline}) * data({data}) = "
+            f"{p.tensor * p.pipeline * data} != world size {world}",
+        )
+        p.data = data
+        m, t = self.model, self.training
+        require(
+            m.num_attention_heads % p.tensor == 0,
+            f"parallel.tensor ({p.tensor}) must divide model.num_attention_heads ({m.num_attention_heads})",
+        )
+        if p.pipeline_layers is not None:
+            require(
+                sum(p.pipeline_layers) * p.virtual_stages == m.num_layers,
+                f"parallel.pipeline_layers sum to {sum(p.pipeline_layers)} (x virtual_stages "
+                f"{p.virtual_stages}) but model.num_layers = {m.num_layers}",
+            )
+        else:
+            require(
+                m.num_layers % (p.pipeline * p.virtual_stages) == 0,
+                f"model.num_layers ({m.num_layers}) must be divisible by pipeline({p.pipeline}) * "
+                f"virtual_stages({p.virtual_stages}); or give parallel.pipeline_layers",
+            )
+        if t.global_batch_size is None:
+            t.global_batch_size = t.micro_batch_size * data
+        require(
+            t.global_batch_size % (t.micro_batch_size * data) == 0,
+            f"training.global_batch_size ({t.global_batch_size}) must be a multiple of micro_batch_size"
+            f"({t.micro_batch_size}) * data({data}) = {t.micro_batch_size * data}",
+        )
+        if p.virtual_stages > 1 or p.schedule == "interleaved-1f1b":
+            micro = t.global_batch_size // (t.micro_batch_size * data)
+            require(
+                micro % p.pipeline == 0,
+                f"interleaved schedule: microbatches per pipeline ({micro}) must be a multiple of "
+                f"pipeline ({p.pipeline})",
+            )

@@ -1,0 +1,191 @@
+"""The mock GPU API a rank's program is written against, in the style of torch.distributed.
+
+    def program(gpu):
+        grads = gpu.alloc(4 << 30, "grads")
+        for _ in range(gpu.args.get("iterations", 2)):
+            gpu.compute("forward", flops=2e12, bytes=1e9)
+            work = gpu.all_reduce(1 << 30, async_op=True)   # overlaps the next compute
+            gpu.compute("backward", flops=4e12, bytes=2e9)
+            work.wait()
+            gpu.mark_iteration()
+        gpu.free(grads)
+
+Every call launches work on a stream and returns at once; ``synchronize()`` is the only call that
+waits (and returns the virtual time). Sizes are bytes, times nanoseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from emulator.engine.ops import ALLOC, COLL, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Allocation, Handle, Op
+from emulator.errors import ProgramError
+from netmodel.collectives import ALGORITHMS, get_algorithm
+from netmodel.collectives.base import OPS, CollectiveCall
+
+ALGO_CODES = {name: i for i, name in enumerate(sorted(ALGORITHMS))}
+OP_CODES = {name: i for i, name in enumerate(OPS)}
+
+
+class Group:
+    """A process group: an explicit, ordered list of ranks (ring order for ring algorithms)."""
+
+    __slots__ = ("ranks", "gid", "index", "tier")
+
+    def __init__(self, ranks: tuple[int, ...], tier: int):
+        self.ranks = ranks
+        # a content digest: the same id on every shard whatever the creation order
+        digest = hashlib.blake2b(repr(ranks).encode(), digest_size=8).digest()
+        self.gid = int.from_bytes(digest, "big") >> 2 or 1
+        self.index = {r: i for i, r in enumerate(ranks)}
+        self.tier = tier
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __repr__(self) -> str:
+        shown = ",".join(map(str, self.ranks[:8])) + (",..." if len(self.ranks) > 8 else "")
+        return f"group[{shown}]"
+
+
+class GPU:
+    """Handle a program receives: identity of the rank plus the launch calls."""
+
+    def __init__(self, shard, vgpu, args: dict[str, Any], config: Any):
+        self._shard = shard
+        self._gpu = vgpu
+        topo = shard.topo
+        self.rank: int = vgpu.rank
+        self.world_size: int = topo.world_size
+        self.node: int = vgpu.node
+        self.local_rank: int = topo.rank_local[vgpu.rank]
+        self.gpus_per_node: int = topo.node_gpus[vgpu.node]
+        self.gpu_type: str = topo.gpu_type(vgpu.rank)
+        self.spec = vgpu.spec
+        self.args = args
+        self.config = config
+        self.precision: str = getattr(getattr(config, "training", None), "precision", "bf16")
+        self.world: Group = shard.group(tuple(range(topo.world_size)))
+
+    # -- groups ------------------------------------------------------------------------------
+    def new_group(self, ranks) -> Group:
+        """The process group of ``ranks`` (order matters: it is the ring order)."""
+        ranks = tuple(int(r) for r in ranks)
+        if self.rank not in ranks:
+            raise ProgramError(f"rank {self.rank}: new_group({list(ranks)[:8]}...) does not contain this rank")
+        if len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= self.world_size:
+            raise ProgramError(f"rank {self.rank}: new_group has duplicate or out-of-range ranks")
+        return self._shard.group(ranks)
+
+    # -- launches ----------------------------------------------------------------------------
+    def compute(self, name: str = "compute", *, flops: float = 0.0, bytes: float = 0.0, kind: str = "matmul",
+                duration_ns: int | None = None, stream: str = "compute") -> Handle:  # fmt: skip
+        """Launch a kernel of ``flops`` and ``bytes`` of HBM traffic (or an explicit duration)."""
+        if duration_ns is None:
+            duration_ns = self._shard.compute_time_ns(self._gpu, flops, bytes, kind, self.precision)
+        elif duration_ns < 0:
+            raise ProgramError(f"rank {self.rank}: compute({name!r}) duration_ns must be >= 0")
+        return self._launch(Op(COMPUTE, name, int(duration_ns), flops), stream, comm=False)
+
+    def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
+             stream: str = "comm") -> Handle:  # fmt: skip
+        """Send ``size_bytes`` to rank ``dst``; matched with its recv by (source, tag, order)."""
+        self._check_peer(dst, "send")
+        op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, int(size_bytes), tag)
+        return self._blocking(self._launch(op, stream, comm=True), async_op)
+
+    def recv(self, src: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
+             stream: str = "comm") -> Handle:  # fmt: skip
+        """Receive ``size_bytes`` from rank ``src``; completes when the message has arrived."""
+        self._check_peer(src, "recv")
+        op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, int(size_bytes), tag)
+        return self._blocking(self._launch(op, stream, comm=True), async_op)
+
+    def all_reduce(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
+        return self._collective("all_reduce", size_bytes, group, **kw)
+
+    def reduce_scatter(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
+        """``size_bytes`` is the whole input; each member keeps size/n (nccl-tests convention)."""
+        return self._collective("reduce_scatter", size_bytes, group, **kw)
+
+    def all_gather(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
+        """``size_bytes`` is the gathered total; each member contributes size/n."""
+        return self._collective("all_gather", size_bytes, group, **kw)
+
+    def broadcast(self, size_bytes: int, root: int, group: Group | None = None, **kw) -> Handle:
+        return self._collective("broadcast", size_bytes, group, root=root, **kw)
+
+    def reduce(self, size_bytes: int, root: int, group: Group | None = None, **kw) -> Handle:
+        return self._collective("reduce", size_bytes, group, root=root, **kw)
+
+    def all_to_all(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
+        """``size_bytes`` is each member's send buffer; size/n goes to every member."""
+        return self._collective("all_to_all", size_bytes, group, **kw)
+
+    def barrier(self, group: Group | None = None, **kw) -> Handle:
+        return self._collective("barrier", 0, group, **kw)
+
+    def alloc(self, size_bytes: int, name: str = "tensor") -> Allocation:
+        """Reserve memory; exceeding the GPU's capacity is an out-of-memory error."""
+        block = Allocation(name, int(size_bytes))
+        self._launch(Op(ALLOC, f"alloc({name})", block), "compute", comm=False)
+        return block
+
+    def free(self, block: Allocation) -> None:
+        if block.freed:
+            raise ProgramError(f"rank {self.rank}: {block.name} freed twice")
+        block.freed = True
+        self._launch(Op(FREE, f"free({block.name})", block), "compute", comm=False)
+
+    def mark_iteration(self) -> None:
+        """An iteration boundary, reached when every stream has drained up to here."""
+        self._launch(Op(MARK, "mark_iteration"), "compute", comm=False, after_all=True)
+
+    def synchronize(self) -> int:
+        """Block until every stream has drained; returns the virtual time in nanoseconds."""
+        op = self._launch(Op(SYNC, "synchronize"), "compute", comm=False, after_all=True)._op
+        self._shard.wait_for(self._gpu, op)
+        return op.t_end
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise ProgramError(f"rank {self.rank}: {what} peer {peer} is not another rank of 0..{self.world_size - 1}")
+
+    def _collective(self, op: str, size_bytes: int, group: Group | None, *, root: int | None = None,
+                    algo: str | None = None, async_op: bool = False, stream: str = "comm") -> Handle:  # fmt: skip
+        group = group or self.world
+        index = group.index.get(self.rank)
+        if index is None:
+            raise ProgramError(f"rank {self.rank}: {op} on {group}, which does not contain this rank")
+        root_index = 0
+        if root is not None:
+            if root not in group.index:
+                raise ProgramError(f"rank {self.rank}: {op} root {root} is not a member of {group}")
+            root_index = group.index[root]
+        algo = algo or self._shard.default_algorithm(op, group)
+        algorithm = get_algorithm(algo, op)
+        gpu = self._gpu
+        seq = gpu.coll_seq.get(group.gid, 0)
+        gpu.coll_seq[group.gid] = seq + 1
+        call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)
+        # the signature every message of this call carries, so members can check they agree
+        sig = OP_CODES[op] | ALGO_CODES[algo] << 4 | root_index << 8 | int(size_bytes) << 28
+        name = f"{op} #{seq} on {group} ({size_bytes} B, {algo})"
+        return self._blocking(self._launch(Op(COLL, name, call, algorithm, (group.gid, seq), sig), stream, comm=True),
+                              async_op)  # fmt: skip
+
+    def _blocking(self, handle: Handle, async_op: bool) -> Handle:
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def _launch(self, op: Op, stream: str, comm: bool, after_all: bool = False) -> Handle:
+        deps = self._shard.launch_deps(self._gpu, stream, comm, after_all)
+        self._shard.launch(self._gpu, op, stream, deps)
+        return Handle(self, op)
+
+    def _wait_on(self, op: Op, stream: str) -> None:
+        if not op.done:
+            self._gpu.pending_waits.setdefault(stream, []).append(op)

@@ -1,0 +1,71 @@
+"""Operations a program enqueues on its GPU's streams, and the handles it gets back.
+
+As on a real GPU, the program (the host) only *launches* work: every call returns at once and the
+work runs on a stream in order. Dependencies follow CUDA / torch.distributed semantics:
+
+- a compute op waits for the previous op on its stream and for every handle ``wait()``-ed since;
+- a communication op waits for the previous op on its stream *and* for the compute stream's work
+  launched before it (the data it sends is produced there), which is what lets gradient buckets
+  overlap the rest of the backward pass;
+- ``handle.wait()`` makes the compute stream's next op wait for the handle; a blocking call
+  (``async_op=False``) is a launch followed by ``wait()``.
+"""
+
+from __future__ import annotations
+
+COMPUTE, SEND, RECV, COLL, ALLOC, FREE, MARK, SYNC = range(8)
+KIND_NAMES = ("compute", "send", "recv", "collective", "alloc", "free", "mark_iteration", "synchronize")
+COMM_KINDS = frozenset({SEND, RECV, COLL})
+
+
+class Op:
+    """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard)."""
+
+    __slots__ = ("kind", "name", "stream", "deps_left", "dependents", "done", "started", "t_start", "t_end",
+                 "a", "b", "c", "d")
+
+    def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
+        self.kind = kind
+        self.name = name
+        self.stream = None
+        self.deps_left = 0
+        self.dependents: list[Op] | None = None
+        self.done = False
+        self.started = False
+        self.t_start = 0
+        self.t_end = 0
+        self.a, self.b, self.c, self.d = a, b, c, d
+
+    def describe(self) -> str:
+        return self.name
+
+
+class Handle:
+    """What a launch returns: ``wait()`` orders later compute work after this operation."""
+
+    __slots__ = ("_api", "_op")
+
+    def __init__(self, api, op: Op):
+        self._api = api
+        self._op = op
+
+    def wait(self, stream: str = "compute") -> None:
+        """Make ``stream``'s next operation wait for this one (host does not block)."""
+        self._api._wait_on(self._op, stream)
+
+    def __repr__(self) -> str:
+        return f"<Handle {self._op.name}>"
+
+
+class Allocation:
+    """A live block of GPU memory, returned by ``gpu.alloc`` and released by ``gpu.free``."""
+
+    __slots__ = ("name", "size_bytes", "freed")
+
+    def __init__(self, name: str, size_bytes: int):
+        self.name = name
+        self.size_bytes = size_bytes
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"<Allocation {self.name} {self.size_bytes} B>"

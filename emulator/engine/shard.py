@@ -1,0 +1,445 @@
+"""A shard: many virtual GPUs, the links their nodes own, and one event heap.
+
+The inline backend runs one shard holding every rank; the Ray backend runs the same class in N
+actors. Events are processed in the total order of their key ``(time_ns, kind, rank, origin,
+seq)``, whose parts are all derived from the emulated run (never from dict order, wall clock or
+which shard ran first), and a shard only touches the state of its own GPUs and links. Every
+message - even inside a node - reaches its receiver through a *handover* event at
+``start + latency``, so a run is the same bit for bit whether sender and receiver share a shard.
+
+Messages: the sender reserves its up-links (FIFO, cut-through) at send time; the receiver reserves
+its down-links at the handover; delivery is ``max(end_up + latency, start_down + size/bw_down)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from greenlet import greenlet
+
+from emulator.engine.api import GPU, Group
+from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
+from emulator.engine.stats import ShardStats
+from emulator.engine.vgpu import VirtualGPU
+from emulator.errors import CollectiveMismatchError, EmulatorError, OutOfMemoryError, ProgramError
+from emulator.hardware.compute import op_duration_ns
+from emulator.hardware.gpus import get_gpu
+from netmodel.collectives import DEFAULTS
+
+EV_HANDOVER, EV_STEP, EV_OP_DONE = 0, 1, 2  # also the tie-break priority at equal times
+INF = float("inf")
+
+
+class CollRun:
+    """A member's execution of one collective: its channels and message counters."""
+
+    __slots__ = ("op", "gid", "seq", "sig", "size", "left", "t_end", "scount", "rcount")
+
+    def __init__(self, op: Op, left: int):
+        self.op = op
+        self.gid, self.seq = op.c
+        self.sig = op.d
+        self.size = op.a.size_bytes
+        self.left = left
+        self.t_end = 0
+        self.scount: dict = {}
+        self.rcount: dict = {}
+
+
+class Chan:
+    """One channel of a collective in progress: its step iterator and outstanding receives."""
+
+    __slots__ = ("run", "it", "pending", "t_end")
+
+    def __init__(self, run: CollRun, it):
+        self.run = run
+        self.it = it
+        self.pending = 0
+        self.t_end = 0
+
+
+class Shard:
+    """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
+
+    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None):
+        self.topo = topo
+        self.index = index
+        self.rank_shard = rank_shard
+        self.config = config
+        self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
+        self.heap: list = []
+        self.stats = ShardStats(topo)
+        self.link_free = [0] * len(topo.link_bw)
+        self.outbox: dict[int, list] = {}
+        self.groups: dict[tuple, Group] = {}
+        self.events = 0
+        self.now = 0
+        self.gpus: dict[int, VirtualGPU] = {}
+        for rank in ranks:
+            spec = get_gpu(topo.gpu_type(rank))
+            self.gpus[rank] = VirtualGPU(rank, topo.rank_node[rank], spec, spec.hbm_bytes)
+        self.program = program
+        self.program_args = program_args if program_args is not None else {}
+
+    # -- programs ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run every program up to its first suspension, in rank order, at virtual time 0."""
+        for rank in sorted(self.gpus):
+            gpu = self.gpus[rank]
+            api = GPU(self, gpu, self.program_args, self.config)
+            gpu.greenlet = greenlet(self._program_main)
+            self._switch(gpu, api)
+
+    def _program_main(self, api: GPU) -> None:
+        self.program(api)
+        api._gpu.finished = True
+
+    def _switch(self, gpu: VirtualGPU, *args) -> None:
+        gpu.suspended = False
+        try:
+            gpu.greenlet.switch(*args)
+        except EmulatorError:
+            raise
+        except Exception as exc:  # a bug in the user's program is the user's to fix
+            raise ProgramError(f"rank {gpu.rank}: program raised {_describe_exception(exc)}") from exc
+
+    def wait_for(self, gpu: VirtualGPU, op: Op) -> None:
+        """Called from a program: suspend it until ``op`` completes."""
+        if not op.done:
+            gpu.sync_op = op
+            self._suspend(gpu)
+
+    def _suspend(self, gpu: VirtualGPU) -> None:
+        gpu.suspended = True
+        gpu.greenlet.parent.switch()
+
+    def _maybe_resume(self, gpu: VirtualGPU) -> None:
+        if not gpu.suspended:
+            return
+        if gpu.sync_op is not None:
+            if not gpu.sync_op.done:
+                return
+            gpu.sync_op = None
+        elif gpu.outstanding > self.max_ahead // 2:
+            return
+        self._switch(gpu)
+
+    def group(self, ranks: tuple[int, ...]) -> Group:
+        g = self.groups.get(ranks)
+        if g is None:
+            tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
+            g = self.groups[ranks] = Group(ranks, tier)
+        return g
+
+    def default_algorithm(self, op: str, group: Group) -> str:
+        topo = self.topo
+        if group.tier == 0:
+            tier_algos = topo.groups[topo.node_group[topo.rank_node[group.ranks[0]]]].scale_up.algorithms
+        else:
+            tier_algos = topo.cluster.tiers[group.tier - 1].algorithms
+        return tier_algos.get(op) or DEFAULTS[op]
+
+    def compute_time_ns(self, gpu: VirtualGPU, flops: float, bytes_: float, kind: str, precision: str) -> int:
+        return op_duration_ns(gpu.spec, flops, bytes_, kind, precision)
+
+    # -- launching -----------------------------------------------------------------------------
+    def launch_deps(self, gpu: VirtualGPU, stream: str, comm: bool, after_all: bool) -> list[Op]:
+        deps = gpu.pending_waits.pop(stream, None) or []
+        if after_all:
+            deps.extend(s.last for s in gpu.streams.values() if s.last is not None and s.name != stream)
+        elif comm and stream != "compute":
+            last = gpu.streams.get("compute")
+            if last is not None and last.last is not None:
+                deps.append(last.last)
+        return deps
+
+    def launch(self, gpu: VirtualGPU, op: Op, stream_name: str, deps: list[Op]) -> None:
+        stream = gpu.stream(stream_name)
+        op.stream = stream
+        left = 0
+        for dep in deps:
+            if not dep.done:
+                left += 1
+                if dep.dependents is None:
+                    dep.dependents = [op]
+                else:
+                    dep.dependents.append(op)
+        op.deps_left = left
+        stream.ops.append(op)
+        stream.last = op
+        gpu.outstanding += 1
+        if len(stream.ops) == 1:
+            self._try_start(gpu, stream)
+        if gpu.outstanding >= self.max_ahead and not gpu.suspended:
+            self._suspend(gpu)
+
+    def _try_start(self, gpu: VirtualGPU, stream) -> None:
+        ops = stream.ops
+        while ops:
+            op = ops[0]
+            if op.started or op.deps_left:
+                return
+            op.started = True
+            t = self.now
+            op.t_start = t
+            kind = op.kind
+            if kind == COMPUTE:
+                self._push(t + op.a, EV_OP_DONE, gpu, op)
+                return
+            if kind == COLL:
+                self._start_collective(gpu, op, t)
+                return
+            if kind == SEND:
+                self._start_send(gpu, op, t)
+                return
+            if kind == RECV:
+                if self._start_recv(gpu, op, t):
+                    return
+                continue  # completed at once: go on with the stream
+            self._instant(gpu, op, t)
+            self._complete(gpu, op, t, start_next=False)
+
+    def _instant(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        kind = op.kind
+        if kind == ALLOC:
+            block = op.a
+            gpu.mem_used += block.size_bytes
+            gpu.allocations.add(block)
+            if gpu.mem_used > gpu.capacity_bytes:
+                raise OutOfMemoryError(_oom_message(gpu, block, t))
+            if gpu.mem_used > gpu.mem_peak:
+                gpu.mem_peak = gpu.mem_used
+        elif kind == FREE:
+            gpu.mem_used -= op.a.size_bytes
+            gpu.allocations.discard(op.a)
+        elif kind == MARK:
+            gpu.marks.append(t)
+        else:
+            assert kind == SYNC, kind
+
+    def _complete(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
+        op.done = True
+        op.t_end = t
+        stream = op.stream
+        stream.ops.popleft()
+        gpu.outstanding -= 1
+        gpu.ops_done += 1
+        if t > gpu.last_time:
+            gpu.last_time = t
+        if op.kind == COMPUTE:
+            gpu.compute_ns += t - op.t_start
+        elif op.kind in COMM_KINDS:
+            gpu.comm_ns += t - op.t_start
+        dependents = op.dependents
+        if dependents is not None:
+            op.dependents = None
+            for dep in dependents:
+                dep.deps_left -= 1
+                if dep.deps_left == 0:
+                    s = dep.stream
+                    if s.ops and s.ops[0] is dep:
+                        self._try_start(gpu, s)
+        if start_next:
+            self._try_start(gpu, stream)
+        if gpu.suspended:
+            self._maybe_resume(gpu)
+
+    def _push(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
+        gpu.seq += 1
+        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
+
+    # -- messages ------------------------------------------------------------------------------
+    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int) -> int:
+        """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
+        src = gpu.rank
+        route = self.topo.route(src, dst)
+        free = self.link_free
+        start = t
+        for link in route.up:
+            if free[link] > start:
+                start = free[link]
+        self.stats.reserve(route.up, size, start, t, free)
+        end_up = start + int(-(-size // route.up_bw))
+        gpu.msg_seq += 1
+        self.stats.message(route.tier, size)
+        record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
+        shard = self.rank_shard[dst]
+        if shard == self.index:
+            heapq.heappush(self.heap, (record[0], EV_HANDOVER, dst, src, gpu.msg_seq, record))
+        else:
+            self.outbox.setdefault(shard, []).append(record)
+        return end_up
+
+    def deliver(self, records) -> None:
+        """Accept cross-shard messages (all stamped at or after the current horizon)."""
+        push = heapq.heappush
+        for rec in records:
+            rec = tuple(rec)
+            push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
+
+    def _handover(self, rec: tuple, t: int) -> None:
+        _, dst, src, _, size, end_up, gid, seq, chan, k, sig = rec
+        route = self.topo.route(src, dst)
+        free = self.link_free
+        start = t
+        for link in route.down:
+            if free[link] > start:
+                start = free[link]
+        self.stats.reserve(route.down, size, start, t, free)
+        delivery = max(end_up + route.latency_ns, start + int(-(-size // route.down_bw)))
+        gpu = self.gpus[dst]
+        key = (gid, seq, chan, src, k)
+        waiter = gpu.waiters.pop(key, None)
+        if waiter is None:
+            gpu.mailbox[key] = (delivery, size, sig)
+        elif type(waiter) is Chan:
+            self._check_sig(gpu, waiter.run, src, sig, t)
+            waiter.pending -= 1
+            if delivery > waiter.t_end:
+                waiter.t_end = delivery
+            if waiter.pending == 0:
+                self._push(waiter.t_end, EV_STEP, gpu, waiter)
+        else:
+            self._check_recv(gpu, waiter, src, size)
+            self._push(max(delivery, waiter.t_start), EV_OP_DONE, gpu, waiter)
+
+    def _start_send(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        dst, size, tag = op.a, op.b, op.c
+        k = gpu.p2p_send.get((dst, tag), 0)
+        gpu.p2p_send[(dst, tag)] = k + 1
+        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t)
+        self._push(end, EV_OP_DONE, gpu, op)
+
+    def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
+        """Returns True if the receive waits (its completion is an event)."""
+        src, size, tag = op.a, op.b, op.c
+        k = gpu.p2p_recv.get((src, tag), 0)
+        gpu.p2p_recv[(src, tag)] = k + 1
+        key = (0, tag, 0, src, k)
+        msg = gpu.mailbox.pop(key, None)
+        if msg is None:
+            gpu.waiters[key] = op
+            return True
+        self._check_recv(gpu, op, src, msg[1])
+        if msg[0] > t:
+            self._push(msg[0], EV_OP_DONE, gpu, op)
+            return True
+        self._complete(gpu, op, t, start_next=False)
+        return False
+
+    def _check_recv(self, gpu: VirtualGPU, op: Op, src: int, size: int) -> None:
+        if size != op.b:
+            raise ProgramError(
+                f"rank {gpu.rank}: {op.name} matched a send of {size} B from rank {src} "
+                f"at t={self.now} ns (sizes must be equal)"
+            )
+
+    # -- collectives ---------------------------------------------------------------------------
+    def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        channels = op.b.channels(op.a, self.topo)
+        run = CollRun(op, len(channels))
+        if not channels:
+            self._push(t, EV_OP_DONE, gpu, op)
+            return
+        for it in channels:
+            self._step(gpu, Chan(run, it), t)
+
+    def _step(self, gpu: VirtualGPU, chan: Chan, t: int) -> None:
+        run = chan.run
+        step = next(chan.it, None)
+        if step is None:
+            run.left -= 1
+            if t > run.t_end:
+                run.t_end = t
+            if run.left == 0:
+                self._complete(gpu, run.op, run.t_end)
+            return
+        sends, recvs = step
+        t_end = t
+        scount, rcount = run.scount, run.rcount
+        for peer, size, ch in sends:
+            ck = (peer, ch)
+            k = scount.get(ck, 0)
+            scount[ck] = k + 1
+            end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t)
+            if end > t_end:
+                t_end = end
+        pending = 0
+        mailbox = gpu.mailbox
+        for peer, _size, ch in recvs:
+            ck = (peer, ch)
+            k = rcount.get(ck, 0)
+            rcount[ck] = k + 1
+            key = (run.gid, run.seq, ch, peer, k)
+            msg = mailbox.pop(key, None)
+            if msg is None:
+                gpu.waiters[key] = chan
+                pending += 1
+            else:
+                self._check_sig(gpu, run, peer, msg[2], t)
+                if msg[0] > t_end:
+                    t_end = msg[0]
+        chan.pending = pending
+        chan.t_end = t_end
+        if pending == 0:
+            self._push(t_end, EV_STEP, gpu, chan)
+
+    def _check_sig(self, gpu: VirtualGPU, run: CollRun, peer: int, sig: int, t: int) -> None:
+        if sig != run.sig:
+            from emulator.engine.diagnose import describe_sig
+
+            raise CollectiveMismatchError(
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.name} but rank {peer} "
+                f"issued {describe_sig(sig)} as call #{run.seq} on the same group"
+            )
+
+    # -- the loop ------------------------------------------------------------------------------
+    def next_time(self) -> float:
+        return self.heap[0][0] if self.heap else INF
+
+    def run_until(self, horizon: float) -> dict[int, list]:
+        """Process every event stamped before ``horizon``; return the cross-shard messages."""
+        heap = self.heap
+        pop = heapq.heappop
+        gpus = self.gpus
+        count = 0
+        while heap and heap[0][0] < horizon:
+            t, kind, rank, _, _, obj = pop(heap)
+            self.now = t
+            count += 1
+            if kind == EV_OP_DONE:
+                self._complete(gpus[rank], obj, t)
+            elif kind == EV_STEP:
+                self._step(gpus[rank], obj, t)
+            else:
+                self._handover(obj, t)
+        self.events += count
+        out, self.outbox = self.outbox, {}
+        return out
+
+    def blocked(self) -> list[dict]:
+        """What every unfinished rank is stuck on (for deadlock reports)."""
+        from emulator.engine.diagnose import blocked_ranks
+
+        return blocked_ranks(self)
+
+
+def _describe_exception(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:
+        frame = tb.tb_frame
+        if "emulator/engine" not in frame.f_code.co_filename:
+            where = f" at {frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _oom_message(gpu: VirtualGPU, block, t: int) -> str:
+    live = sorted(gpu.allocations, key=lambda b: -b.size_bytes)[:3]
+    top = ", ".join(f"{b.name} {b.size_bytes / 2**30:.2f} GiB" for b in live)
+    return (
+        f"out of memory on rank {gpu.rank} at t={t / 1e9:.6f} s: allocating {block.name} "
+        f"({block.size_bytes / 2**30:.2f} GiB) brings use to {gpu.mem_used / 2**30:.2f} GiB of "
+        f"{gpu.capacity_bytes / 2**30:.2f} GiB ({gpu.spec.name}); largest live: {top}"
+    )

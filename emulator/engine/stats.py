@@ -1,0 +1,53 @@
+"""Per-link and per-tier traffic accounting of one shard (merged across shards at the end)."""
+
+from __future__ import annotations
+
+
+class ShardStats:
+    """Bytes, busy time, message counts and queueing per link; bytes and size histogram per tier."""
+
+    __slots__ = ("link_bw", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns",
+                 "tier_bytes", "tier_messages", "size_hist")  # fmt: skip
+
+    def __init__(self, topo):
+        n = len(topo.link_bw)
+        self.link_bw = topo.link_bw
+        self.link_bytes = [0] * n
+        self.link_busy_ns = [0] * n
+        self.link_messages = [0] * n
+        self.link_max_wait_ns = [0] * n
+        tiers = len(topo.tier_names)
+        self.tier_bytes = [0] * tiers
+        self.tier_messages = [0] * tiers
+        # message-size histogram per tier: bucket b holds sizes in (2^(b-1), 2^b]; bucket 0 is 0 B
+        self.size_hist: list[dict[int, int]] = [{} for _ in range(tiers)]
+
+    def reserve(self, links, size: int, start: int, arrival: int, free: list) -> None:
+        """Occupy ``links`` from ``start`` for ``size`` bytes each at its own bandwidth (FIFO)."""
+        bw = self.link_bw
+        wait = start - arrival
+        for link in links:
+            dur = int(-(-size // bw[link]))
+            free[link] = start + dur
+            self.link_bytes[link] += size
+            self.link_busy_ns[link] += dur
+            self.link_messages[link] += 1
+            if wait > self.link_max_wait_ns[link]:
+                self.link_max_wait_ns[link] = wait
+
+    def message(self, tier: int, size: int) -> None:
+        self.tier_bytes[tier] += size
+        self.tier_messages[tier] += 1
+        hist = self.size_hist[tier]
+        bucket = (size - 1).bit_length() if size > 0 else 0
+        hist[bucket] = hist.get(bucket, 0) + 1
+
+    def export(self, owned_links) -> dict:
+        """Plain data for the owned links (each link is owned by exactly one shard)."""
+        return {
+            "links": {i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
+                      for i in owned_links if self.link_messages[i]},  # fmt: skip
+            "tier_bytes": list(self.tier_bytes),
+            "tier_messages": list(self.tier_messages),
+            "size_hist": [dict(h) for h in self.size_hist],
+        }

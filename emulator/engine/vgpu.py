@@ -1,0 +1,69 @@
+"""A virtual GPU: a plain object holding a rank's clock-relevant state.
+
+No tensors, no threads: streams of launched operations, a mailbox of size-only messages, memory
+accounting and counters. The rank's program runs in a greenlet that the shard switches into.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Stream:
+    """A FIFO of launched operations; only the head runs."""
+
+    __slots__ = ("name", "ops", "last")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ops: deque = deque()
+        self.last = None  # the most recently launched op (a dependency for later launches)
+
+
+class VirtualGPU:
+    """State of one rank; the :class:`~emulator.engine.shard.Shard` owning it drives it."""
+
+    __slots__ = (
+        "rank", "node", "spec", "capacity_bytes", "streams", "pending_waits", "outstanding",
+        "greenlet", "suspended", "sync_op", "finished", "seq", "msg_seq", "mailbox", "waiters",
+        "coll_seq", "p2p_send", "p2p_recv", "mem_used", "mem_peak", "allocations", "marks",
+        "ops_done", "compute_ns", "comm_ns", "last_time", "api",
+    )  # fmt: skip
+
+    def __init__(self, rank: int, node: int, spec, capacity_bytes: int):
+        self.rank = rank
+        self.node = node
+        self.spec = spec
+        self.capacity_bytes = capacity_bytes
+        self.streams: dict[str, Stream] = {}
+        self.pending_waits: dict[str, list] = {}  # stream -> ops its next launch must wait for
+        self.outstanding = 0  # launched, not completed
+        self.greenlet = None
+        self.suspended = False
+        self.sync_op = None  # the op a synchronize() call waits for
+        self.finished = False  # program returned
+        self.seq = 0  # event counter: part of every event key this GPU creates
+        self.msg_seq = 0
+        self.mailbox: dict[tuple, tuple] = {}  # message key -> (delivery_ns, size, sig)
+        self.waiters: dict[tuple, object] = {}  # message key -> recv op or collective channel
+        self.coll_seq: dict[int, int] = {}  # group id -> collectives issued on it
+        self.p2p_send: dict[tuple[int, int], int] = {}  # (dst, tag) -> messages sent
+        self.p2p_recv: dict[tuple[int, int], int] = {}
+        self.mem_used = 0
+        self.mem_peak = 0
+        self.allocations: set = set()
+        self.marks: list[int] = []  # virtual time of each iteration boundary
+        self.ops_done = 0
+        self.compute_ns = 0
+        self.comm_ns = 0
+        self.last_time = 0  # completion time of the latest op
+
+    def stream(self, name: str) -> Stream:
+        s = self.streams.get(name)
+        if s is None:
+            s = self.streams[name] = Stream(name)
+        return s
+
+    @property
+    def idle(self) -> bool:
+        return self.outstanding == 0

@@ -1,0 +1,60 @@
+"""Run orchestration: pick a backend, run, write the run directory.
+
+    emulator run configs/examples/ring.yaml --out runs/ring
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from emulator.config.typed import to_dict
+from emulator.errors import ConfigError
+from emulator.summary import RunResult, summarize
+from netmodel.topology import Topology
+
+BACKENDS = ("inline", "ray")
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{name}"
+
+
+def execute(config, backend: str = "inline", shards: int = 1, address: str | None = None,
+            progress=None) -> tuple[dict, RunResult, Topology]:  # fmt: skip
+    """Run a validated config; returns the summary, the raw results and the topology."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if shards < 1:
+        raise ConfigError(f"--shards must be >= 1, got {shards}")
+    topo = Topology(config.cluster)
+    start = time.perf_counter()
+    if backend == "inline":
+        from emulator.backends.inline import run_inline
+
+        result = run_inline(config, topo, shards, progress=progress)
+    else:
+        from actors.backend import run_ray
+
+        result = run_ray(config, topo, shards, address=address, progress=progress)
+    wall = time.perf_counter() - start
+    summary = summarize(result, topo, wall, backend, shards)
+    summary["name"] = config.name
+    if config.model is not None:
+        from emulator.workloads.metrics import workload_summary
+
+        summary.update(workload_summary(config, result, topo))
+    return summary, result, topo
+
+
+def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
+    """Write the resolved config and ``summary.json``; returns the directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return out_dir

@@ -1,0 +1,143 @@
+"""Merging what the shards measured into the run's results, and the fingerprint.
+
+The fingerprint is a digest of every rank's final virtual time and operation count and of every
+link's bytes and busy time: two runs have the same fingerprint exactly when those are identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RankResult:
+    rank: int
+    node: int
+    final_time_ns: int
+    ops: int
+    compute_ns: int
+    comm_ns: int
+    peak_memory_bytes: int
+    marks_ns: list[int]
+
+
+@dataclass
+class RunResult:
+    """Everything a run measured, backend-independent."""
+
+    world_size: int
+    ranks: list[RankResult]
+    links: dict[int, tuple[int, int, int, int]]  # link -> (bytes, busy_ns, messages, max_wait_ns)
+    tier_bytes: list[int]
+    tier_messages: list[int]
+    size_hist: list[dict[int, int]]
+    events: int
+    rounds: int
+    cross_shard_messages: int
+    extra: dict = field(default_factory=dict)
+
+
+def export_shard(shard) -> dict:
+    """What one shard sends back at the end: plain data, cheap to pickle."""
+    owned_nodes = {gpu.node for gpu in shard.gpus.values()}
+    topo = shard.topo
+    owned_links = [i for i, node in enumerate(topo.link_node) if node in owned_nodes]
+    data = shard.stats.export(owned_links)
+    data["ranks"] = [
+        (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks))
+        for g in (shard.gpus[r] for r in sorted(shard.gpus))
+    ]
+    data["events"] = shard.events
+    return data
+
+
+def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_messages: int) -> RunResult:
+    ranks = sorted((RankResult(*r) for e in exports for r in e["ranks"]), key=lambda r: r.rank)
+    assert len(ranks) == world_size, (len(ranks), world_size)
+    links: dict = {}
+    for e in exports:
+        links.update({int(k): tuple(v) for k, v in e["links"].items()})
+    tiers = len(exports[0]["tier_bytes"])
+    hist: list[dict[int, int]] = [{} for _ in range(tiers)]
+    for e in exports:
+        for t, h in enumerate(e["size_hist"]):
+            for bucket, count in h.items():
+                hist[t][int(bucket)] = hist[t].get(int(bucket), 0) + count
+    return RunResult(
+        world_size=world_size,
+        ranks=ranks,
+        links=dict(sorted(links.items())),
+        tier_bytes=[sum(e["tier_bytes"][t] for e in exports) for t in range(tiers)],
+        tier_messages=[sum(e["tier_messages"][t] for e in exports) for t in range(tiers)],
+        size_hist=[dict(sorted(h.items())) for h in hist],
+        events=sum(e["events"] for e in exports),
+        rounds=rounds,
+        cross_shard_messages=cross_shard_messages,
+    )
+
+
+def fingerprint(result: RunResult) -> str:
+    h = hashlib.sha256()
+    for r in result.ranks:
+        h.update(f"{r.rank}:{r.final_time_ns}:{r.ops};".encode())
+    for link, (nbytes, busy, _, _) in result.links.items():
+        h.update(f"{link}:{nbytes}:{busy};".encode())
+    return h.hexdigest()[:32]
+
+
+def iteration_times_ns(result: RunResult) -> list[int]:
+    """Iteration k ends when the last rank reaches its k-th mark; durations between ends."""
+    counts = {len(r.marks_ns) for r in result.ranks}
+    n = min(counts) if counts else 0
+    ends = [max(r.marks_ns[k] for r in result.ranks) for k in range(n)]
+    return [b - a for a, b in zip([0, *ends], ends, strict=False)]
+
+
+def histogram_label(bucket: int) -> str:
+    """``bucket`` b holds sizes in (2^(b-1), 2^b]: label it by its upper bound."""
+    size = 1 << bucket if bucket else 0
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"<={size // scale}{unit}"
+    return f"<={size}B"
+
+
+def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards: int) -> dict:
+    """The core figures of ``summary.json`` (workloads add theirs on top)."""
+    sim_ns = max((r.final_time_ns for r in result.ranks), default=0)
+    iters = iteration_times_ns(result)
+    names = topo.tier_names
+    tier_busy: dict[str, int] = {n: 0 for n in names}
+    tier_capacity_links: dict[str, int] = {n: 0 for n in names}
+    for link, (_, busy, _, _) in result.links.items():
+        tier_busy[names[topo.link_tier[link]]] += busy
+    for link in range(len(topo.link_bw)):
+        tier_capacity_links[names[topo.link_tier[link]]] += 1
+    return {
+        "name": "",
+        "backend": backend,
+        "shards": shards,
+        "world_size": result.world_size,
+        "sim_time_s": sim_ns / 1e9,
+        "wall_time_s": wall_time_s,
+        "speed_ratio": (sim_ns / 1e9) / wall_time_s if wall_time_s > 0 else None,
+        "events": result.events,
+        "events_per_s": result.events / wall_time_s if wall_time_s > 0 else None,
+        "rounds": result.rounds,
+        "cross_shard_messages": result.cross_shard_messages,
+        "iterations": len(iters),
+        "iteration_time_s": (sum(iters) / len(iters) / 1e9) if iters else None,
+        "iteration_times_s": [t / 1e9 for t in iters],
+        "bytes_by_tier": {names[t]: b for t, b in enumerate(result.tier_bytes)},
+        "messages_by_tier": {names[t]: m for t, m in enumerate(result.tier_messages)},
+        "utilisation_by_tier": {
+            n: (tier_busy[n] / (tier_capacity_links[n] * sim_ns)) if sim_ns and tier_capacity_links[n] else 0.0
+            for n in names
+        },
+        "message_size_histogram": {
+            names[t]: {histogram_label(b): c for b, c in h.items()} for t, h in enumerate(result.size_hist) if h
+        },
+        "peak_memory_bytes": max((r.peak_memory_bytes for r in result.ranks), default=0),
+        "fingerprint": fingerprint(result),
+    }

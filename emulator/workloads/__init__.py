@@ -1,0 +1,1 @@
+"""emulator/workloads package."""

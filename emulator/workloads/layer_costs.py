@@ -1,0 +1,356 @@
+"""FLOPs and bytes of the operations of one transformer layer, per tensor-parallel rank.
+
+    python -c "from emulator.workloads.layer_costs import *; \
+[print(o) for o in forward_ops(LayerShape(6144, 64, 2048, 4, tensor_parallel=8))]"
+
+Megatron-LM style (Narayanan et al. 2021; Korthikanti et al. 2022): attention heads and the MLP
+hidden dimension are split over ``t`` ranks; without sequence parallelism each rank runs the
+layernorms, dropouts and residual adds on the whole ``b*s*h`` activation, with it on ``b*s/t``
+tokens. The op lists mark where the tensor-parallel collectives occur (``kind == 'comm'``).
+
+Counting conventions (why the numbers are what they are):
+
+- A GEMM of ``[m, k] x [k, n]`` costs ``2*m*n*k`` FLOPs and moves ``(m*k + k*n + m*n)`` elements
+  (each operand read once, the output written once: what a tiled kernel does at best). Backward
+  has two GEMMs per forward GEMM (input gradient "dgrad", weight gradient "wgrad").
+- ``Op.flops`` counts tensor-core GEMM FLOPs only, so summing it gives the hardware FLOPs of the
+  Korthikanti/Narayanan formulas; elementwise FLOPs are negligible and left out.
+- Memory-bound ops count the reads and writes of the activations they touch, with the kernels
+  Megatron-LM used in 2022: Apex fused layernorm (forward reads x, writes y; backward is two
+  kernels reading dy and x twice and writing dx), fused scale-mask-softmax, unfused attention
+  dropout (which also writes a 1-byte mask), fused bias-dropout-add and fused bias-GeLU. Biases,
+  layernorm weights and statistics are too small to count.
+- Comm ops carry the nccl-tests buffer size ``size_bytes``: the whole buffer for all_reduce, the
+  total (gathered) size for all_gather and reduce_scatter. Their duration is the network's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from emulator.errors import ConfigError
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Shape of one transformer layer and how it is split over tensor-parallel ranks.
+
+    ``ffn_hidden_size`` defaults to ``4*hidden_size`` and ``num_kv_heads`` to
+    ``num_attention_heads`` (GPT); ``gated_mlp`` is SwiGLU (three GEMMs of width ``f``);
+    ``bias=False`` is the LLaMA style (no linear biases, RMSNorm with a weight only).
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    micro_batch_size: int
+    ffn_hidden_size: int | None = None
+    num_kv_heads: int | None = None
+    gated_mlp: bool = False
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    bytes_per_element: int = 2
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        h, a, kv, t = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.tensor_parallel
+        for key in ("hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "tensor_parallel"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if h % a:
+            raise ConfigError(f"hidden_size ({h}) must be divisible by num_attention_heads ({a})")
+        if a % t:
+            raise ConfigError(f"num_attention_heads ({a}) must be divisible by tensor_parallel ({t})")
+        if kv < 1 or a % kv:
+            raise ConfigError(f"num_attention_heads ({a}) must be divisible by num_kv_heads ({kv})")
+        if kv % t and t % kv:
+            raise ConfigError(f"num_kv_heads ({kv}) and tensor_parallel ({t}) must divide one another")
+        if self.ffn_hidden_size % t:
+            raise ConfigError(f"ffn_hidden_size ({self.ffn_hidden_size}) must be divisible by tensor_parallel ({t})")
+        if self.sequence_parallel and self.seq_length % t:
+            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by tensor_parallel ({t})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_width(self) -> int:
+        """Output width of the fused QKV projection on one rank (K/V heads replicated if kv < t)."""
+        kv_per_rank = max(1, self.num_kv_heads // self.tensor_parallel)
+        return (self.num_attention_heads // self.tensor_parallel + 2 * kv_per_rank) * self.head_dim
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a rank's sequence: compute (matmul/attention/elementwise) or a TP collective."""
+
+    name: str
+    kind: str
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    collective: str | None = None
+    size_bytes: int = 0
+
+
+def _gemm(name: str, m: int, n: int, k: int, e: int, batch: int = 1, kind: str = "matmul") -> Op:
+    return Op(name, kind, flops=2.0 * batch * m * n * k, bytes_moved=float(batch * (m * k + k * n + m * n) * e))
+
+
+def _mem(name: str, bytes_moved: float) -> Op:
+    return Op(name, "elementwise", bytes_moved=float(bytes_moved))
+
+
+def _comm(name: str, collective: str, size_bytes: int) -> Op:
+    return Op(name, "comm", collective=collective, size_bytes=int(size_bytes))
+
+
+def _dims(shape: LayerShape) -> tuple[int, int, int, int, int, int]:
+    """(tokens b*s, tokens per rank for replicated ops, h, f per rank, attention elements per rank, e)."""
+    b, s, h, t = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.tensor_parallel
+    n = b * s
+    n_rep = n // t if shape.sequence_parallel else n
+    n_att = b * (shape.num_attention_heads // t) * s * s
+    return n, n_rep, h, shape.ffn_hidden_size // t, n_att, shape.bytes_per_element
+
+
+def _tp_comm(shape: LayerShape, name: str, sp_collective: str) -> list[Op]:
+    """The collective at a TP boundary: all-reduce (no SP) or ``sp_collective``; none when t == 1."""
+    t = shape.tensor_parallel
+    if t == 1:
+        return []
+    size = shape.micro_batch_size * shape.seq_length * shape.hidden_size * shape.bytes_per_element
+    return [_comm(name, sp_collective if shape.sequence_parallel else "all_reduce", size)]
+
+
+def _core_attention_forward(shape: LayerShape, prefix: str = "") -> list[Op]:
+    """Scores, softmax, dropout, context: the part selective recomputation reruns."""
+    n, _, h, _, n_att, e = _dims(shape)
+    s, d = shape.seq_length, shape.head_dim
+    batch = shape.micro_batch_size * shape.num_attention_heads // shape.tensor_parallel
+    return [
+        _gemm(f"{prefix}attention.scores", s, s, d, e, batch, kind="attention"),
+        _mem(f"{prefix}attention.softmax", 2 * e * n_att),
+        _mem(f"{prefix}attention.dropout", (2 * e + MASK_BYTES) * n_att),
+        _gemm(f"{prefix}attention.context", s, d, s, e, batch, kind="attention"),
+        # [b*np, s, d] -> [s, b, h/t] permute + contiguous copy before the output projection.
+        _mem(f"{prefix}attention.context_permute", 2 * e * n * h // shape.tensor_parallel),
+    ]
+
+
+def forward_ops(shape: LayerShape) -> list[Op]:
+    """The forward pass of one layer on one TP rank, in execution order."""
+    n, n_rep, h, f, _, e = _dims(shape)
+    t = shape.tensor_parallel
+    act_in = 2 * f if shape.gated_mlp else f  # fc1 output width on this rank
+    ops = [_mem("ln1", 2 * e * n_rep * h)]
+    ops += _tp_comm(shape, "ln1.all_gather", "all_gather") if shape.sequence_parallel else []
+    ops.append(_gemm("qkv", n, shape.qkv_width, h, e))
+    ops += _core_attention_forward(shape)
+    ops.append(_gemm("attention.out_proj", n, h, h // t, e))
+    ops += _tp_comm(shape, "attention.out_proj.tp_reduce", "reduce_scatter")
+    ops.append(_mem("attention.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
+    ops.append(_mem("ln2", 2 * e * n_rep * h))
+    ops += _tp_comm(shape, "ln2.all_gather", "all_gather") if shape.sequence_parallel else []
+    ops.append(_gemm("mlp.fc1", n, act_in, h, e))
+    # Bias-GeLU reads and writes f; SwiGLU reads the gate and up halves and writes one.
+    ops.append(_mem("mlp.activation", e * n * (act_in + f)))
+    ops.append(_gemm("mlp.fc2", n, h, f, e))
+    ops += _tp_comm(shape, "mlp.fc2.tp_reduce", "reduce_scatter")
+    ops.append(_mem("mlp.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
+    return ops
+
+
+def _core_attention_backward(shape: LayerShape) -> list[Op]:
+    n, _, h, _, n_att, e = _dims(shape)
+    s, d = shape.seq_length, shape.head_dim
+    batch = shape.micro_batch_size * shape.num_attention_heads // shape.tensor_parallel
+    return [
+        _mem("attention.context_permute.backward", 2 * e * n * h // shape.tensor_parallel),
+        _gemm("attention.context.dgrad_probs", s, s, d, e, batch, kind="attention"),
+        _gemm("attention.context.dgrad_value", s, d, s, e, batch, kind="attention"),
+        _mem("attention.dropout.backward", (2 * e + MASK_BYTES) * n_att),  # read dy and mask, write dx
+        _mem("attention.softmax.backward", 3 * e * n_att),  # read dy and y, write dx
+        _gemm("attention.scores.dgrad_query", s, d, s, e, batch, kind="attention"),
+        _gemm("attention.scores.dgrad_key", s, d, s, e, batch, kind="attention"),
+    ]
+
+
+def _linear_backward(name: str, n: int, n_out: int, n_in: int, e: int, comm: list[Op], regather: list[Op]) -> list[Op]:
+    """[re-gather of the input], dgrad, the TP collective on the input gradient (if any), wgrad."""
+    # Megatron issues the input-gradient collective right after dgrad and may overlap it with the
+    # wgrad GEMM (async_tensor_model_parallel_allreduce); the op order records that opportunity.
+    # With sequence parallelism only the sharded input of a column-parallel linear is kept, so
+    # backward all-gathers it again for wgrad (overlapped with dgrad in Megatron).
+    dgrad = _gemm(f"{name}.dgrad", n, n_in, n_out, e)
+    return [*regather, dgrad, *comm, _gemm(f"{name}.wgrad", n_out, n_in, n, e)]
+
+
+def _norm_backward(name: str, n_rep: int, h: int, e: int) -> list[Op]:
+    # Apex layernorm backward: gamma/beta kernel reads dy and x, input-grad kernel reads dy and x
+    # and writes dx. The residual branch's gradient is then added to the layer-input gradient.
+    return [_mem(f"{name}.backward", 5 * e * n_rep * h), _mem(f"{name}.residual_grad_add", 3 * e * n_rep * h)]
+
+
+def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
+    """The backward pass of one layer on one TP rank, in execution order.
+
+    ``recompute``: 'none'; 'selective' reruns the core attention (scores, softmax, dropout,
+    context; Korthikanti et al. 2022) just before its backward; 'full' reruns the whole forward,
+    TP collectives included, before the backward. ConfigError for another value.
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError(f"unknown recompute mode '{recompute}'; known: {', '.join(RECOMPUTE_MODES)}")
+    n, n_rep, h, f, _, e = _dims(shape)
+    t = shape.tensor_parallel
+    sp = shape.sequence_parallel
+    act_in = 2 * f if shape.gated_mlp else f
+    ops = [replace(op, name=f"recompute.{op.name}") for op in forward_ops(shape)] if recompute == "full" else []
+    # Bias-dropout-add backward: read dy and mask, write dx, then the bias-gradient reduction reads dx.
+    ops.append(_mem("mlp.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
+    # Backward of the forward reduce-scatter (SP) is an all-gather; of the all-reduce, identity.
+    ops += _tp_comm(shape, "mlp.fc2.tp_gather.backward", "all_gather") if sp else []
+    ops += _linear_backward("mlp.fc2", n, h, f, e, [], [])
+    # Activation backward reads dy and the saved input, writes dx; plus the fc1 bias gradient.
+    ops.append(_mem("mlp.activation.backward", e * n * (f + 2 * act_in + (act_in if shape.bias else 0))))
+    fc1_comm = _tp_comm(shape, "mlp.fc1.tp_reduce.backward", "reduce_scatter")
+    fc1_regather = _tp_comm(shape, "ln2.all_gather.recompute", "all_gather") if sp else []
+    ops += _linear_backward("mlp.fc1", n, act_in, h, e, fc1_comm, fc1_regather)
+    ops += _norm_backward("ln2", n_rep, h, e)
+    ops.append(_mem("attention.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
+    ops += _tp_comm(shape, "attention.out_proj.tp_gather.backward", "all_gather") if sp else []
+    ops += _linear_backward("attention.out_proj", n, h, h // t, e, [], [])
+    if recompute == "selective":
+        ops += _core_attention_forward(shape, prefix="recompute.")
+    ops += _core_attention_backward(shape)
+    qkv_comm = _tp_comm(shape, "qkv.tp_reduce.backward", "reduce_scatter")
+    qkv_regather = _tp_comm(shape, "ln1.all_gather.recompute", "all_gather") if sp else []
+    ops += _linear_backward("qkv", n, shape.qkv_width, h, e, qkv_comm, qkv_regather)
+    ops += _norm_backward("ln1", n_rep, h, e)
+    return ops
+
+
+@dataclass(frozen=True)
+class EmbeddingAndLogitsOps:
+    """Ops of the input embedding (first pipeline stage) and the output logits + loss (last)."""
+
+    embedding_forward: tuple[Op, ...]
+    embedding_backward: tuple[Op, ...]
+    logits_forward: tuple[Op, ...]
+    logits_backward: tuple[Op, ...]
+
+
+def embedding_and_logits_ops(shape: LayerShape, vocab_size: int) -> EmbeddingAndLogitsOps:
+    """Vocab-parallel embedding lookup and logits GEMM + cross-entropy on one TP rank (Megatron).
+
+    The vocabulary is split over ``t`` ranks (padded up to a multiple of ``t``). Cross-entropy runs
+    on fp32 logits as Megatron's vocab_parallel_cross_entropy does, with three small all-reduces
+    (max, sum of exp, target logit) of ``b*s`` fp32 values.
+    """
+    if vocab_size < 1:
+        raise ConfigError(f"vocab_size must be >= 1, got {vocab_size}")
+    n, n_rep, h, _, _, e = _dims(shape)
+    t = shape.tensor_parallel
+    v = -(-vocab_size // t)  # vocabulary rows on this rank
+    sp = shape.sequence_parallel
+    # Lookup: read the gathered rows, write the (masked, partial) b*s*h output; then the sum over
+    # ranks, position-embedding add and embedding dropout on this rank's tokens.
+    emb_fwd = [_mem("embedding.lookup", 2 * e * n * h)]
+    emb_fwd += _tp_comm(shape, "embedding.tp_reduce", "reduce_scatter")
+    emb_fwd.append(_mem("embedding.position_add_dropout", (3 * e + MASK_BYTES) * n_rep * h))
+    emb_bwd = [_mem("embedding.position_add_dropout.backward", (2 * e + MASK_BYTES) * n_rep * h)]
+    emb_bwd += _tp_comm(shape, "embedding.tp_gather.backward", "all_gather") if sp else []
+    # Scatter-add of b*s gradient rows into the vocabulary shard's fp32 gradient.
+    emb_bwd.append(_mem("embedding.grad_scatter_add", (e + 8) * n * h))
+
+    logits = n * v
+    logits_fwd = [_mem("final_layernorm", 2 * e * n_rep * h)]
+    logits_fwd += _tp_comm(shape, "final_layernorm.all_gather", "all_gather") if sp else []
+    logits_fwd.append(_gemm("logits", n, v, h, e))
+    # Cast to fp32 (read e, write 4) and row max (read 4); subtract (8), exp (8) and sum (4);
+    # normalise (8). Each reduction over the vocabulary is completed by a small all-reduce.
+    logits_fwd.append(_mem("cross_entropy.max", (e + 4 + 4) * logits))
+    logits_fwd += _loss_all_reduces(shape, ("max",))
+    logits_fwd.append(_mem("cross_entropy.exp_sum", (8 + 8 + 4) * logits))
+    logits_fwd += _loss_all_reduces(shape, ("target_logit", "sum_exp"))
+    logits_fwd.append(_mem("cross_entropy.normalise", 8 * logits))
+    # Softmax minus one-hot (read 4, write 4) and cast back (read 4, write e).
+    logits_bwd = [_mem("cross_entropy.backward", (4 + 4 + 4 + e) * logits)]
+    logits_comm = _tp_comm(shape, "logits.tp_reduce.backward", "reduce_scatter")
+    logits_regather = _tp_comm(shape, "final_layernorm.all_gather.recompute", "all_gather") if sp else []
+    logits_bwd += _linear_backward("logits", n, v, h, e, logits_comm, logits_regather)
+    logits_bwd += [_mem("final_layernorm.backward", 5 * e * n_rep * h)]
+    return EmbeddingAndLogitsOps(tuple(emb_fwd), tuple(emb_bwd), tuple(logits_fwd), tuple(logits_bwd))
+
+
+def _loss_all_reduces(shape: LayerShape, what: tuple[str, ...]) -> list[Op]:
+    if shape.tensor_parallel == 1:
+        return []
+    size = 4 * shape.micro_batch_size * shape.seq_length  # one fp32 value per token
+    return [_comm(f"cross_entropy.{w}.all_reduce", "all_reduce", size) for w in what]
+
+
+def optimizer_step_ops(params_on_rank: int, precision: str = "bf16") -> list[Op]:
+    """Adam step over the parameters held by one rank: memory-bound, one fused kernel pass.
+
+    Mixed precision (bf16/fp16/fp8): gradient-norm pass reads the fp32 gradients (4 B/param); the
+    fused Adam reads the fp32 master weight, gradient, m and v (16 B) and writes master, m, v
+    (12 B) and the 16-bit model copy (2 B). fp32 training has no copy to write.
+    ConfigError for a negative count or an unknown precision.
+    """
+    if params_on_rank < 0:
+        raise ConfigError(f"params_on_rank must be >= 0, got {params_on_rank}")
+    if precision == "fp32":
+        adam_bytes = 28
+    elif precision in ("bf16", "fp16", "fp8"):
+        adam_bytes = 30
+    else:
+        raise ConfigError(f"unknown precision '{precision}'; known: bf16, fp16, fp32, fp8")
+    return [_mem("optimizer.grad_norm", 4 * params_on_rank), _mem("optimizer.adam", adam_bytes * params_on_rank)]
+
+
+def layer_params(shape: LayerShape) -> int:
+    """Parameters of one whole layer (all TP ranks together): 12h^2 + 13h for GPT."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    # Unsplit QKV width: (a query + 2 kv) heads; per-rank replicas of K/V heads are not counted.
+    qkv = (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    fc1 = 2 * f if shape.gated_mlp else f
+    weights = h * qkv + h * h + h * fc1 + f * h
+    biases = (qkv + h + fc1 + h) if shape.bias else 0
+    norms = 2 * (2 * h if shape.bias else h)
+    return weights + biases + norms
+
+
+def layer_params_per_rank(shape: LayerShape) -> int:
+    """Parameters of one layer held by one TP rank: split matrices and biases, replicated norms."""
+    h, t = shape.hidden_size, shape.tensor_parallel
+    f = shape.ffn_hidden_size // t
+    qkv = shape.qkv_width
+    fc1 = 2 * f if shape.gated_mlp else f
+    weights = h * qkv + (h // t) * h + h * fc1 + f * h
+    # Row-parallel biases (out-proj, fc2) are replicated; column-parallel ones are split.
+    biases = (qkv + h + fc1 + h) if shape.bias else 0
+    norms = 2 * (2 * h if shape.bias else h)
+    return weights + biases + norms
+
+
+def embedding_params(hidden_size: int, vocab_size: int, seq_length: int = 0) -> int:
+    """Word embedding (V*h) plus learned position embedding (s*h; pass 0 for rotary models)."""
+    return (vocab_size + seq_length) * hidden_size
+
+
+def model_params(shape: LayerShape, num_layers: int, vocab_size: int, learned_positions: bool = True) -> int:
+    """Whole-model parameters, tied input/output embedding, final norm omitted as in Narayanan eq. 2.
+
+    For GPT this is P = 12*l*h^2 * (1 + 13/(12h) + (V+s)/(12*l*h)).
+    """
+    positions = shape.seq_length if learned_positions else 0
+    return num_layers * layer_params(shape) + embedding_params(shape.hidden_size, vocab_size, positions)

@@ -1,0 +1,166 @@
+"""The cluster as ranks, nodes, links and routes (pure; no engine state).
+
+Links (each a FIFO server with a bandwidth) and who owns them:
+
+- ``scale-up tx/rx`` of every GPU: its port into the node's fabric (NVSwitch, Infinity Fabric, PCIe);
+- ``nic tx/rx`` of every NIC: GPU ``i`` of a node uses NIC ``i % count`` (rail-optimised wiring);
+- ``up/down`` of every node towards switch tier ``k+1``: the node's share of its tier-``k`` group's
+  uplinks, ``node NIC bandwidth / (oversubscription of tiers 0..k)``. Modelling oversubscription as a
+  per-node share keeps every link owned by one node, hence by one shard (ARCHITECTURE.md).
+
+A message takes the lowest tier connecting its endpoints; its path splits into an *up* part owned
+by the sender's node and a *down* part owned by the receiver's node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.config.cluster import ClusterConfig
+
+SCALE_UP_TIER = 0  # tier index of the intra-node fabric; switch tier k has index k + 1
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a message from ``src`` to ``dst`` travels: links sender-side, links receiver-side."""
+
+    tier: int
+    up: tuple[int, ...]
+    down: tuple[int, ...]
+    latency_ns: int
+    up_bw: float  # bytes per ns of the slowest up link
+    down_bw: float
+
+
+class Topology:
+    """Ranks, nodes, links and routes of one cluster; immutable once built."""
+
+    def __init__(self, cluster: ClusterConfig):
+        self.cluster = cluster
+        self.groups = cluster.groups()
+        self.tier_names: list[str] = []
+        self.tier_latency_ns: list[int] = []
+        self.link_bw: list[float] = []  # bytes per ns, efficiency included
+        self.link_tier: list[int] = []
+        self.link_node: list[int] = []  # owning node
+        self.link_name: list[str] = []
+        self.rank_node: list[int] = []
+        self.rank_local: list[int] = []
+        self.node_group: list[int] = []
+        self.node_first_rank: list[int] = []
+        self.node_gpus: list[int] = []
+        self._build()
+        self._routes: dict[tuple[int, int], Route] = {}
+
+    # -- construction -------------------------------------------------------------------------
+    def _add_link(self, name: str, bw_bytes_per_ns: float, tier: int, node: int) -> int:
+        self.link_name.append(name)
+        self.link_bw.append(bw_bytes_per_ns)
+        self.link_tier.append(tier)
+        self.link_node.append(node)
+        return len(self.link_bw) - 1
+
+    def _build(self) -> None:
+        tiers = self.cluster.tiers
+        self.tier_names = [self.groups[0].scale_up.name] + [t.name for t in tiers]
+        # the scale-up latency may differ per node group; keep one figure per tier for reports
+        self.tier_latency_ns = [round(self.groups[0].scale_up.latency_us * 1000)] + [
+            round(t.latency_us * 1000) for t in tiers
+        ]
+        self.tier_span_nodes = [1] + self.cluster.tier_spans()
+        self.su_tx: list[int] = []
+        self.su_rx: list[int] = []
+        self.su_latency_ns: list[int] = []  # per node
+        self.nic_tx: list[list[int]] = []
+        self.nic_rx: list[list[int]] = []
+        self.up: list[list[int]] = []  # [node][k]: node's uplink share above switch tier k
+        self.down: list[list[int]] = []
+        node = 0
+        for gi, group in enumerate(self.groups):
+            su_bw = group.scale_up.bandwidth_GBps * group.scale_up.efficiency
+            nic_bw = group.nic.bandwidth_Gbps / 8 * group.nic.efficiency
+            for _ in range(group.nodes):
+                self.node_group.append(gi)
+                self.node_first_rank.append(len(self.rank_node))
+                self.node_gpus.append(group.gpus_per_node)
+                self.su_latency_ns.append(round(group.scale_up.latency_us * 1000))
+                for local in range(group.gpus_per_node):
+                    rank = len(self.rank_node)
+                    self.rank_node.append(node)
+                    self.rank_local.append(local)
+                    self.su_tx.append(self._add_link(f"gpu{rank}.{group.scale_up.name}.tx", su_bw, 0, node))
+                    self.su_rx.append(self._add_link(f"gpu{rank}.{group.scale_up.name}.rx", su_bw, 0, node))
+                tx, rx = [], []
+                first_tier = 1 if tiers else 0
+                for k in range(group.nic.count):
+                    tx.append(self._add_link(f"node{node}.nic{k}.tx", nic_bw, first_tier, node))
+                    rx.append(self._add_link(f"node{node}.nic{k}.rx", nic_bw, first_tier, node))
+                self.nic_tx.append(tx)
+                self.nic_rx.append(rx)
+                ups, downs = [], []
+                share = nic_bw * group.nic.count
+                for k in range(len(tiers) - 1):
+                    share /= tiers[k].oversubscription
+                    name = f"node{node}.{tiers[k].name}-{tiers[k + 1].name}"
+                    ups.append(self._add_link(f"{name}.up", share, k + 2, node))
+                    downs.append(self._add_link(f"{name}.down", share, k + 2, node))
+                self.up.append(ups)
+                self.down.append(downs)
+                node += 1
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.rank_node)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_group)
+
+    def gpu_type(self, rank: int) -> str:
+        return self.groups[self.node_group[self.rank_node[rank]]].gpu
+
+    def tier_of(self, src: int, dst: int) -> int:
+        """Index of the lowest tier connecting two ranks (0: same node)."""
+        a, b = self.rank_node[src], self.rank_node[dst]
+        if a == b:
+            return SCALE_UP_TIER
+        for k, span in enumerate(self.tier_span_nodes[1:]):
+            if a // span == b // span:
+                return k + 1
+        raise AssertionError("validated clusters connect every pair of nodes")
+
+    def route(self, src: int, dst: int) -> Route:
+        """The route of a message; cached because programs reuse few pairs."""
+        key = (src, dst)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self._compute_route(src, dst)
+        return route
+
+    def _compute_route(self, src: int, dst: int) -> Route:
+        tier = self.tier_of(src, dst)
+        if tier == SCALE_UP_TIER:
+            up: tuple[int, ...] = (self.su_tx[src],)
+            down: tuple[int, ...] = (self.su_rx[dst],)
+            latency = self.su_latency_ns[self.rank_node[src]]
+        else:
+            a, b = self.rank_node[src], self.rank_node[dst]
+            nic_a = self.nic_tx[a][self.rank_local[src] % len(self.nic_tx[a])]
+            nic_b = self.nic_rx[b][self.rank_local[dst] % len(self.nic_rx[b])]
+            up = (nic_a, *self.up[a][: tier - 1])
+            down = (*reversed(self.down[b][: tier - 1]), nic_b)
+            latency = self.tier_latency_ns[tier]
+        return Route(
+            tier=tier,
+            up=up,
+            down=down,
+            latency_ns=latency,
+            up_bw=min(self.link_bw[i] for i in up),
+            down_bw=min(self.link_bw[i] for i in down),
+        )
+
+    def min_cross_node_latency_ns(self) -> int:
+        """Lookahead of the conservative protocol: no cross-node message arrives sooner."""
+        return min(self.tier_latency_ns[1:], default=0)
