@@ -26,7 +26,7 @@ def default_out_dir(name: str) -> Path:
 
 
 def execute(config, backend: str = "inline", shards: int = 1, address: str | None = None,
-            progress=None) -> tuple[dict, RunResult, Topology]:  # fmt: skip
+            observer=None, trace_ranks=()) -> tuple[dict, RunResult, Topology]:  # fmt: skip
     """Run a validated config; returns the summary, the raw results and the topology."""
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -37,11 +37,11 @@ def execute(config, backend: str = "inline", shards: int = 1, address: str | Non
     if backend == "inline":
         from emulator.backends.inline import run_inline
 
-        result = run_inline(config, topo, shards, progress=progress)
+        result = run_inline(config, topo, shards, observer=observer, trace_ranks=trace_ranks)
     else:
         from actors.backend import run_ray
 
-        result = run_ray(config, topo, shards, address=address, progress=progress)
+        result = run_ray(config, topo, shards, address=address, observer=observer, trace_ranks=trace_ranks)
     wall = time.perf_counter() - start
     summary = summarize(result, topo, wall, backend, shards)
     summary["name"] = config.name

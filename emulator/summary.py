@@ -20,6 +20,7 @@ class RankResult:
     comm_ns: int
     peak_memory_bytes: int
     marks_ns: list[int]
+    wait_ns: dict[str, dict[str, int]]  # stream -> {stream it waited on: ns}
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RunResult:
     events: int
     rounds: int
     cross_shard_messages: int
+    traces: dict[int, list] = field(default_factory=dict)  # rank -> (stream, name, kind, start_ns, end_ns)
     extra: dict = field(default_factory=dict)
 
 
@@ -45,9 +47,10 @@ def export_shard(shard) -> dict:
     owned_links = [i for i, node in enumerate(topo.link_node) if node in owned_nodes]
     data = shard.stats.export(owned_links)
     data["ranks"] = [
-        (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks))
+        (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks), g.wait_ns)
         for g in (shard.gpus[r] for r in sorted(shard.gpus))
     ]
+    data["traces"] = {g.rank: g.trace for g in shard.gpus.values() if g.trace is not None}
     data["events"] = shard.events
     return data
 
@@ -74,6 +77,7 @@ def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_message
         events=sum(e["events"] for e in exports),
         rounds=rounds,
         cross_shard_messages=cross_shard_messages,
+        traces={int(r): t for e in exports for r, t in e.get("traces", {}).items()},
     )
 
 

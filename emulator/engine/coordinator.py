@@ -9,7 +9,8 @@ Rounds jump over idle virtual time by construction. A single shard needs no roun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import Protocol
 
 INF = float("inf")
@@ -19,6 +20,13 @@ class ShardLike(Protocol):
     def next_time(self) -> float: ...
     def run_until(self, horizon: float) -> dict[int, list]: ...
     def deliver(self, records: list) -> None: ...
+    def live_stats(self) -> dict: ...
+
+
+class Observer(Protocol):
+    """Receives live progress (Prometheus exporter, progress bar); never changes results."""
+
+    def update(self, rounds: int, virtual_time_ns: float, shard_stats: list[dict]) -> None: ...
 
 
 def plan_shards(num_nodes: int, shards: int) -> list[list[int]]:
@@ -33,29 +41,46 @@ def plan_shards(num_nodes: int, shards: int) -> list[list[int]]:
     return plan
 
 
+class RoundStats:
+    """Counters of the protocol itself."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.cross_shard_messages = 0
+
+
 def run_rounds(
     shards: Sequence[ShardLike],
     lookahead_ns: int,
-    progress: Callable[[int, float], None] | None = None,
-    progress_window_ns: float = INF,
-) -> int:
-    """Drive in-process shards to the end; returns the number of rounds.
+    observer: Observer | None = None,
+    observe_every_s: float = 0.5,
+    window_ns: float = 1e7,
+) -> RoundStats:
+    """Drive shards to the end of the run.
 
-    ``progress(rounds, horizon)`` is called after every round; with one shard the horizon still
-    advances in ``progress_window_ns`` steps so that a live display has something to show (the
-    horizon never changes results, only how the work is cut).
+    With one shard and no observer everything runs in a single call. With an observer, a single
+    shard still advances in ``window_ns`` slices of virtual time so that live figures move; how the
+    work is cut never changes results.
     """
-    rounds = 0
+    stats = RoundStats()
     single = len(shards) == 1
+    step = (window_ns if observer is not None else INF) if single else lookahead_ns
+    last_observed = time.monotonic()
+    t_min = 0.0
     while True:
         t_min = min(s.next_time() for s in shards)
         if t_min == INF:
-            return rounds
-        horizon = t_min + (progress_window_ns if single else lookahead_ns)
+            break
+        horizon = t_min + step
         outs = [s.run_until(horizon) for s in shards]
-        rounds += 1
+        stats.rounds += 1
         for out in outs:
             for dst, records in sorted(out.items()):
+                stats.cross_shard_messages += len(records)
                 shards[dst].deliver(records)
-        if progress is not None:
-            progress(rounds, horizon)
+        if observer is not None and time.monotonic() - last_observed >= observe_every_s:
+            last_observed = time.monotonic()
+            observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+    if observer is not None:
+        observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+    return stats

@@ -61,7 +61,7 @@ class Chan:
 class Shard:
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
-    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None):
+    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None, trace_ranks=()):
         self.topo = topo
         self.index = index
         self.rank_shard = rank_shard
@@ -78,6 +78,9 @@ class Shard:
         for rank in ranks:
             spec = get_gpu(topo.gpu_type(rank))
             self.gpus[rank] = VirtualGPU(rank, topo.rank_node[rank], spec, spec.hbm_bytes)
+        for rank in trace_ranks:
+            if rank in self.gpus:
+                self.gpus[rank].trace = []
         self.program = program
         self.program_args = program_args if program_args is not None else {}
 
@@ -177,10 +180,18 @@ class Shard:
         ops = stream.ops
         while ops:
             op = ops[0]
-            if op.started or op.deps_left:
+            if op.started:
                 return
-            op.started = True
             t = self.now
+            if op.deps_left:
+                if stream.blocked_since < 0:
+                    stream.blocked_since = t
+                return
+            if stream.blocked_since >= 0:
+                waits = gpu.wait_ns.setdefault(stream.name, {})
+                waits[stream.unblocked_by] = waits.get(stream.unblocked_by, 0) + t - stream.blocked_since
+                stream.blocked_since = -1
+            op.started = True
             op.t_start = t
             kind = op.kind
             if kind == COMPUTE:
@@ -230,6 +241,8 @@ class Shard:
             gpu.compute_ns += t - op.t_start
         elif op.kind in COMM_KINDS:
             gpu.comm_ns += t - op.t_start
+        if gpu.trace is not None:
+            gpu.trace.append((stream.name, op.name, op.kind, op.t_start, t))
         dependents = op.dependents
         if dependents is not None:
             op.dependents = None
@@ -237,6 +250,7 @@ class Shard:
                 dep.deps_left -= 1
                 if dep.deps_left == 0:
                     s = dep.stream
+                    s.unblocked_by = stream.name
                     if s.ops and s.ops[0] is dep:
                         self._try_start(gpu, s)
         if start_next:
@@ -416,6 +430,20 @@ class Shard:
         self.events += count
         out, self.outbox = self.outbox, {}
         return out
+
+    def live_stats(self) -> dict:
+        """Small progress figures for live monitoring (cheap: no per-link data)."""
+        gpus = self.gpus.values()
+        return {
+            "shard": self.index,
+            "events": self.events,
+            "now_ns": self.now,
+            "iterations_done": min((len(g.marks) for g in gpus), default=0),
+            "tier_bytes": list(self.stats.tier_bytes),
+            "tier_messages": list(self.stats.tier_messages),
+            "ranks_finished": sum(1 for g in gpus if g.finished and g.outstanding == 0),
+            "ranks": len(self.gpus),
+        }
 
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""

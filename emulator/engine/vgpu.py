@@ -12,12 +12,14 @@ from collections import deque
 class Stream:
     """A FIFO of launched operations; only the head runs."""
 
-    __slots__ = ("name", "ops", "last")
+    __slots__ = ("name", "ops", "last", "blocked_since", "unblocked_by")
 
     def __init__(self, name: str):
         self.name = name
         self.ops: deque = deque()
         self.last = None  # the most recently launched op (a dependency for later launches)
+        self.blocked_since = -1  # when the head op started waiting on another stream (-1: not waiting)
+        self.unblocked_by = ""  # stream of the dependency that released the head
 
 
 class VirtualGPU:
@@ -27,7 +29,7 @@ class VirtualGPU:
         "rank", "node", "spec", "capacity_bytes", "streams", "pending_waits", "outstanding",
         "greenlet", "suspended", "sync_op", "finished", "seq", "msg_seq", "mailbox", "waiters",
         "coll_seq", "p2p_send", "p2p_recv", "mem_used", "mem_peak", "allocations", "marks",
-        "ops_done", "compute_ns", "comm_ns", "last_time", "api",
+        "ops_done", "compute_ns", "comm_ns", "last_time", "wait_ns", "trace",
     )  # fmt: skip
 
     def __init__(self, rank: int, node: int, spec, capacity_bytes: int):
@@ -57,6 +59,10 @@ class VirtualGPU:
         self.compute_ns = 0
         self.comm_ns = 0
         self.last_time = 0  # completion time of the latest op
+        # time a stream's head waited for another stream, by stream: {"compute": {"pp": ns, "dp": ns}}
+        # (the compute stream waiting on the pipeline stream is bubble; on "tp"/"dp", exposed comm)
+        self.wait_ns: dict[str, dict[str, int]] = {}
+        self.trace: list | None = None  # (stream, name, kind, start_ns, end_ns) when this rank is traced
 
     def stream(self, name: str) -> Stream:
         s = self.streams.get(name)
