@@ -36,6 +36,9 @@ class RunResult:
     events: int
     rounds: int
     cross_shard_messages: int
+    kind_hist: dict[str, dict[int, int]] = field(default_factory=dict)  # op kind -> size bucket -> count
+    timeline: list[dict[int, int]] = field(default_factory=list)  # tier -> time bucket -> bytes
+    bucket_ns: int = 1_000_000
     traces: dict[int, list] = field(default_factory=dict)  # rank -> (stream, name, kind, start_ns, end_ns)
     extra: dict = field(default_factory=dict)
 
@@ -77,8 +80,26 @@ def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_message
         events=sum(e["events"] for e in exports),
         rounds=rounds,
         cross_shard_messages=cross_shard_messages,
+        kind_hist=_merge_counts([e["kind_hist"] for e in exports]),
+        timeline=[_merge_counts([e["timeline"][t] for e in exports], nested=False) for t in range(tiers)],
+        bucket_ns=exports[0]["bucket_ns"],
         traces={int(r): t for e in exports for r, t in e.get("traces", {}).items()},
     )
+
+
+def _merge_counts(dicts: list[dict], nested: bool = True) -> dict:
+    """Sum counters (``{key: {bucket: n}}`` when nested, ``{bucket: n}`` otherwise), keys sorted."""
+    if not nested:
+        total: dict[int, int] = {}
+        for d in dicts:
+            for k, v in d.items():
+                total[int(k)] = total.get(int(k), 0) + v
+        return dict(sorted(total.items()))
+    out: dict = {}
+    for d in dicts:
+        for key, inner in d.items():
+            out.setdefault(key, []).append(inner)
+    return {k: _merge_counts(v, nested=False) for k, v in sorted(out.items())}
 
 
 def fingerprint(result: RunResult) -> str:
@@ -92,9 +113,9 @@ def fingerprint(result: RunResult) -> str:
 
 def iteration_times_ns(result: RunResult) -> list[int]:
     """Iteration k ends when the last rank reaches its k-th mark; durations between ends."""
-    counts = {len(r.marks_ns) for r in result.ranks}
-    n = min(counts) if counts else 0
-    ends = [max(r.marks_ns[k] for r in result.ranks) for k in range(n)]
+    marking = [r for r in result.ranks if r.marks_ns]  # ranks that never mark take no part
+    n = min((len(r.marks_ns) for r in marking), default=0)
+    ends = [max(r.marks_ns[k] for r in marking) for k in range(n)]
     return [b - a for a, b in zip([0, *ends], ends, strict=False)]
 
 

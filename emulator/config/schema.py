@@ -98,6 +98,11 @@ class EngineConfig:
     """Engine knobs that change speed, never results."""
 
     max_ops_ahead: int = 256  # how far a program may run ahead of its GPU's streams
+    timeline_bucket_us: float = 1000.0  # resolution of the bytes-per-tier-over-time record
+
+    def validate(self, path: str) -> None:
+        require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")
+        require(self.timeline_bucket_us > 0, f"{path}.timeline_bucket_us must be > 0")
 
 
 @dataclass

@@ -68,7 +68,7 @@ class Shard:
         self.config = config
         self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
         self.heap: list = []
-        self.stats = ShardStats(topo)
+        self.stats = ShardStats(topo, int(getattr(getattr(config, "engine", None), "timeline_bucket_us", 1000) * 1000))
         self.link_free = [0] * len(topo.link_bw)
         self.outbox: dict[int, list] = {}
         self.groups: dict[tuple, Group] = {}
@@ -263,7 +263,7 @@ class Shard:
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
 
     # -- messages ------------------------------------------------------------------------------
-    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int) -> int:
+    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int:
         """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
         src = gpu.rank
         route = self.topo.route(src, dst)
@@ -275,7 +275,7 @@ class Shard:
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
         gpu.msg_seq += 1
-        self.stats.message(route.tier, size)
+        self.stats.message(route.tier, size, kind, start)
         record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
         shard = self.rank_shard[dst]
         if shard == self.index:
@@ -321,7 +321,7 @@ class Shard:
         dst, size, tag = op.a, op.b, op.c
         k = gpu.p2p_send.get((dst, tag), 0)
         gpu.p2p_send[(dst, tag)] = k + 1
-        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t)
+        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
         self._push(end, EV_OP_DONE, gpu, op)
 
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
@@ -375,7 +375,7 @@ class Shard:
             ck = (peer, ch)
             k = scount.get(ck, 0)
             scount[ck] = k + 1
-            end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t)
+            end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t, run.op.a.op)
             if end > t_end:
                 t_end = end
         pending = 0

@@ -7,9 +7,9 @@ class ShardStats:
     """Bytes, busy time, message counts and queueing per link; bytes and size histogram per tier."""
 
     __slots__ = ("link_bw", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns",
-                 "tier_bytes", "tier_messages", "size_hist")  # fmt: skip
+                 "tier_bytes", "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns")  # fmt: skip
 
-    def __init__(self, topo):
+    def __init__(self, topo, bucket_ns: int = 1_000_000):
         n = len(topo.link_bw)
         self.link_bw = topo.link_bw
         self.link_bytes = [0] * n
@@ -21,6 +21,11 @@ class ShardStats:
         self.tier_messages = [0] * tiers
         # message-size histogram per tier: bucket b holds sizes in (2^(b-1), 2^b]; bucket 0 is 0 B
         self.size_hist: list[dict[int, int]] = [{} for _ in range(tiers)]
+        # the same per operation kind ("all_reduce", "send", ...), all tiers together
+        self.kind_hist: dict[str, dict[int, int]] = {}
+        # bytes sent per tier per time bucket of ``bucket_ns`` (utilisation over virtual time)
+        self.bucket_ns = bucket_ns
+        self.timeline: list[dict[int, int]] = [{} for _ in range(tiers)]
 
     def reserve(self, links, size: int, start: int, arrival: int, free: list) -> None:
         """Occupy ``links`` from ``start`` for ``size`` bytes each at its own bandwidth (FIFO)."""
@@ -35,12 +40,19 @@ class ShardStats:
             if wait > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait
 
-    def message(self, tier: int, size: int) -> None:
+    def message(self, tier: int, size: int, kind: str, t: int) -> None:
         self.tier_bytes[tier] += size
         self.tier_messages[tier] += 1
-        hist = self.size_hist[tier]
         bucket = (size - 1).bit_length() if size > 0 else 0
+        hist = self.size_hist[tier]
         hist[bucket] = hist.get(bucket, 0) + 1
+        hist = self.kind_hist.get(kind)
+        if hist is None:
+            hist = self.kind_hist[kind] = {}
+        hist[bucket] = hist.get(bucket, 0) + 1
+        line = self.timeline[tier]
+        slot = t // self.bucket_ns
+        line[slot] = line.get(slot, 0) + size
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""
@@ -50,4 +62,7 @@ class ShardStats:
             "tier_bytes": list(self.tier_bytes),
             "tier_messages": list(self.tier_messages),
             "size_hist": [dict(h) for h in self.size_hist],
+            "kind_hist": {k: dict(h) for k, h in self.kind_hist.items()},
+            "timeline": [dict(t) for t in self.timeline],
+            "bucket_ns": self.bucket_ns,
         }

@@ -12,8 +12,6 @@ plus a fixed per-kernel cost, which is both cheap to evaluate and easy to reason
 
 from __future__ import annotations
 
-import math
-
 from emulator.errors import ConfigError
 from emulator.hardware.gpus import GpuSpec
 
@@ -43,6 +41,34 @@ def eff_mem(gpu: GpuSpec, bytes_moved: float) -> float:
     return gpu.memory_efficiency_max * bytes_moved / (bytes_moved + gpu.memory_half_bytes)
 
 
+# (id(gpu), kind, precision) -> (1 / compute rate, half FLOPs, 1 / memory rate, half bytes, gpu).
+# Durations are computed for every compute op of every rank, so the per-kind constants are derived
+# once; the spec is kept in the value so a recycled id() can never alias another GPU.
+_RATES: dict[tuple[int, str, str], tuple[float, float, float, float, GpuSpec]] = {}
+
+
+def _rates(gpu: GpuSpec, kind: str, precision: str) -> tuple[float, float, float, float, GpuSpec]:
+    if kind == "matmul":
+        eff_max, half_flops = gpu.matmul_efficiency_max, gpu.matmul_half_flops
+    elif kind == "attention":
+        eff_max, half_flops = gpu.attention_efficiency_max, gpu.matmul_half_flops
+    elif kind == "elementwise":
+        # Elementwise FLOPs run on vector cores at their peak; the memory term almost always wins.
+        eff_max, half_flops = 1.0, 0.0
+    else:
+        raise ConfigError(f"unknown compute op kind '{kind}'; known: {', '.join(KINDS)}")
+    peak = gpu.peak_flops_per_s.get(precision)
+    if peak is None:
+        known = ", ".join(sorted(gpu.peak_flops_per_s))
+        raise ConfigError(f"precision '{precision}' is not supported by GPU type '{gpu.name}'; known: {known}")
+    if kind == "elementwise":
+        peak = gpu.vector_flops_per_s
+    mem_rate = gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency_max
+    entry = (1.0 / (peak * eff_max), half_flops, 1.0 / mem_rate, gpu.memory_half_bytes, gpu)
+    _RATES[(id(gpu), kind, precision)] = entry
+    return entry
+
+
 def op_duration_ns(
     gpu: GpuSpec,
     flops: float,
@@ -56,33 +82,18 @@ def op_duration_ns(
     'elementwise' (memory-bound kernels, whose FLOPs run on vector cores). Raises ConfigError for
     an unknown kind or a precision the GPU has no tensor-core rate for.
     """
-    if kind == "matmul":
-        eff_max = gpu.matmul_efficiency_max
-        half_flops = gpu.matmul_half_flops
-    elif kind == "attention":
-        eff_max = gpu.attention_efficiency_max
-        half_flops = gpu.matmul_half_flops
-    elif kind == "elementwise":
-        eff_max = 1.0
-        half_flops = 0.0
-    else:
-        raise ConfigError(f"unknown compute op kind '{kind}'; known: {', '.join(KINDS)}")
-    peak = gpu.peak_flops_per_s.get(precision)
-    if peak is None:
-        known = ", ".join(sorted(gpu.peak_flops_per_s))
-        raise ConfigError(f"precision '{precision}' is not supported by GPU type '{gpu.name}'; known: {known}")
-    if kind == "elementwise":
-        peak = gpu.vector_flops_per_s
-
-    seconds = 0.0
-    if flops > 0:
-        # flops / (peak * eff_max * F/(F+F_half)) simplified to avoid the division by F.
-        seconds = (flops + half_flops) / (peak * eff_max)
+    rates = _RATES.get((id(gpu), kind, precision))
+    if rates is None or rates[4] is not gpu:
+        rates = _rates(gpu, kind, precision)
+    inv_flop_rate, half_flops, inv_byte_rate, half_bytes, _ = rates
+    # flops / (peak * eff_max * F/(F+F_half)) == (F + F_half) / (peak * eff_max): no division by F.
+    seconds = (flops + half_flops) * inv_flop_rate if flops > 0 else 0.0
     if bytes_moved > 0:
-        mem_seconds = (bytes_moved + gpu.memory_half_bytes) / (
-            gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency_max
-        )
-        seconds = max(seconds, mem_seconds)
+        mem_seconds = (bytes_moved + half_bytes) * inv_byte_rate
+        if mem_seconds > seconds:
+            seconds = mem_seconds
     if seconds <= 0.0:
         return 0
-    return max(1, math.ceil(seconds * 1e9))
+    ns = seconds * 1e9
+    whole = int(ns)
+    return whole + 1 if ns > whole else max(whole, 1)

@@ -91,6 +91,8 @@ def make_gpu(
     """Build a GpuSpec from datasheet units, deriving the curve sizes from the calibrated times."""
     peak = {k: v * 1e12 for k, v in peak_tflops.items()}
     bandwidth = hbm_tbps * 1e12
+    # F_half is sized on the bf16 rate (the calibrated one); at fp8/fp32 the same FLOP count means
+    # a shorter/longer fixed cost, a second-order effect no published figure pins down.
     reference_peak = peak.get("bf16", max(peak.values()))
     return GpuSpec(
         name=name,

@@ -1,1 +1,4 @@
-"""emulator/workloads package."""
+"""Built-in training workloads; ``layer_costs`` decomposes a transformer layer into operations.
+
+Import the submodules directly; this package file stays import-free.
+"""

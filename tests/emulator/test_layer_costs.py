@@ -105,9 +105,9 @@ def test_llama3_8b_gqa_swiglu_flops():
 
 
 def test_llama3_8b_layer_params():
-    """A llama3-8b layer has 218,112,000 matrix weights plus two RMSNorm weights."""
-    assert layer_params(llama3_8b()) == 218_112_000 + 2 * 4096
-    assert layer_params_per_rank(llama3_8b(8)) == 218_112_000 // 8 + 2 * 4096
+    """A llama3-8b layer has 218,103,808 matrix weights plus two RMSNorm weights (32 layers: 6.98B)."""
+    assert layer_params(llama3_8b()) == 218_103_808 + 2 * 4096
+    assert layer_params_per_rank(llama3_8b(8)) == 218_103_808 // 8 + 2 * 4096
 
 
 @pytest.mark.parametrize("h,a,layers", [(6144, 64, 48), (12288, 96, 96), (20480, 128, 105)])
@@ -145,8 +145,12 @@ def test_tensor_parallel_collectives_with_sequence_parallelism():
     """SP: all-gather before QKV and fc1, reduce-scatter after out-proj and fc2; the converse in backward."""
     shape = shape_22b(sequence_parallel=True)
     fwd = forward_ops(shape)
-    seq = [(op.collective, fwd[i + 1].name if op.collective == "all_gather" else fwd[i - 1].name)
-           for i, op in enumerate(fwd) if op.kind == "comm"]  # fmt: skip
+    # An all-gather feeds the next GEMM; a reduce-scatter reduces the previous one.
+    seq = [
+        (op.collective, fwd[i + 1].name if op.collective == "all_gather" else fwd[i - 1].name)
+        for i, op in enumerate(fwd)
+        if op.kind == "comm"
+    ]
     assert seq == [
         ("all_gather", "qkv"),
         ("reduce_scatter", "attention.out_proj"),
