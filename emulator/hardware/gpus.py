@@ -35,9 +35,9 @@ from emulator.errors import ConfigError
 # is why a time, not a FLOP count, is the portable hardware constant. 10 us is a plausible tail for
 # a cuBLAS GEMM and keeps the largest published GEMM of every catalogue GPU within 2% of its
 # measured max achievable efficiency. Calibration (Korthikanti et al. 2022 Table 4, 22B layer on
-# A100, the seven forward/backward rows): the fit is flat in this parameter (rms error 4.6-4.8%
-# for anything from 0 to 80 us once the memory efficiency is refitted), so the value is set by
-# the kernel-tail argument rather than by the fit.
+# A100, the ten forward/backward times of its five rows): the fit is flat in this parameter (rms
+# error 4.5-4.7% for anything from 0 to 80 us once the memory efficiency is refitted), so the
+# value is set by the kernel-tail argument rather than by the fit.
 _MATMUL_HALF_TIME_S = 10e-6
 
 # Fraction of datasheet HBM bandwidth reached by large memory-bound kernels (layernorm, softmax,
