@@ -99,6 +99,9 @@ class EngineConfig:
 
     max_ops_ahead: int = 256  # how far a program may run ahead of its GPU's streams
     timeline_bucket_us: float = 1000.0  # resolution of the bytes-per-tier-over-time record
+    # "intra_node": collectives of groups inside one node complete in closed form (one event per
+    # member instead of 2(n-1) messages); "none": every collective expands into messages (reference)
+    fast_collectives: Literal["intra_node", "none"] = "intra_node"
 
     def validate(self, path: str) -> None:
         require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")

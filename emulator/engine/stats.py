@@ -40,6 +40,17 @@ class ShardStats:
             if wait > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait
 
+    def collective(self, links, messages: int, msg_bytes: int, busy_ns: int, wait_ns: int, end: int,
+                   free: list) -> None:  # fmt: skip
+        """Account a fast-path collective: each member link carries ``messages`` of ``msg_bytes``."""
+        for link in links:
+            free[link] = end
+            self.link_bytes[link] += messages * msg_bytes
+            self.link_busy_ns[link] += busy_ns
+            self.link_messages[link] += messages
+            if wait_ns > self.link_max_wait_ns[link]:
+                self.link_max_wait_ns[link] = wait_ns
+
     def message(self, tier: int, size: int, kind: str, t: int) -> None:
         self.tier_bytes[tier] += size
         self.tier_messages[tier] += 1
