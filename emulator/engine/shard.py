@@ -397,10 +397,9 @@ class Shard:
         free = self.link_free
         start = max(t, max(free[link] for link in links))
         end = start + duration
-        busy = messages * int(-(-msg_bytes // bw))
-        self.stats.collective(links, messages, msg_bytes, busy, start - t, end, free)
-        for _ in range(messages * call.n):
-            self.stats.message(0, msg_bytes, call.op, start)
+        per_link = messages // call.n  # chains (broadcast/reduce) spread evenly over the members' ports
+        self.stats.collective(links, per_link, msg_bytes, per_link * int(-(-msg_bytes // bw)), start - t, end, free)
+        self.stats.messages(0, msg_bytes, call.op, start, messages)
         for member, member_op in arrived:
             self._push(end, EV_OP_DONE, member, member_op)
 

@@ -52,18 +52,22 @@ class ShardStats:
                 self.link_max_wait_ns[link] = wait_ns
 
     def message(self, tier: int, size: int, kind: str, t: int) -> None:
-        self.tier_bytes[tier] += size
-        self.tier_messages[tier] += 1
+        self.messages(tier, size, kind, t, 1)
+
+    def messages(self, tier: int, size: int, kind: str, t: int, count: int) -> None:
+        """Account ``count`` messages of ``size`` bytes sent on ``tier`` at ``t``."""
+        self.tier_bytes[tier] += size * count
+        self.tier_messages[tier] += count
         bucket = (size - 1).bit_length() if size > 0 else 0
         hist = self.size_hist[tier]
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         hist = self.kind_hist.get(kind)
         if hist is None:
             hist = self.kind_hist[kind] = {}
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         line = self.timeline[tier]
         slot = t // self.bucket_ns
-        line[slot] = line.get(slot, 0) + size
+        line[slot] = line.get(slot, 0) + size * count
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""

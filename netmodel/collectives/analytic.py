@@ -21,21 +21,21 @@ ANALYTIC = {
 
 
 def closed_form(algo: str, call: CollectiveCall, bw_bytes_per_ns: float, latency_ns: int) -> tuple[int, int, int]:
-    """(duration_ns, messages sent per member, bytes per message) of a call on one uniform tier."""
+    """(duration_ns, messages sent by the whole group, bytes per message) of a call on one uniform tier."""
     n, size = call.n, call.size_bytes
     if n == 1:
         return 0, 0, 0
     op = call.op
     if op == "barrier":
         steps = (n - 1).bit_length()
-        return steps * latency_ns, steps, 0
+        return steps * latency_ns, steps * n, 0
     if op in ("broadcast", "reduce"):
         chunks = max(1, min(MAX_PIPELINE_CHUNKS, ceil_div(size, PIPELINE_CHUNK_BYTES)))
         chunk = ceil_div(size, chunks)
         serialise = int(-(-chunk // bw_bytes_per_ns))
         # a pipelined chain: the first chunk crosses n-1 hops, the others follow one serialisation apart
-        return (n - 1) * (latency_ns + serialise) + (chunks - 1) * serialise, chunks, chunk
+        return (n - 1) * (latency_ns + serialise) + (chunks - 1) * serialise, chunks * (n - 1), chunk
     chunk = ceil_div(size, n)
     steps = 2 * (n - 1) if op == "all_reduce" else n - 1
     per_step = latency_ns + int(-(-chunk // bw_bytes_per_ns))
-    return steps * per_step, steps, chunk
+    return steps * per_step, steps * n, chunk
