@@ -25,6 +25,9 @@ class ModelConfig:
     vocab_size: int = 51200
     num_query_groups: int | None = None  # grouped-query attention; default = num_attention_heads
     swiglu: bool = False  # gated MLP with three GEMMs (Llama)
+    add_bias_linear: bool = True  # GPT/BLOOM have biases; Llama has none
+    position_embedding: Literal["learned", "rope", "alibi"] = "learned"  # learned adds s*h parameters
+    tie_embeddings: bool = True  # input and output embeddings shared (all-reduced between first and last stage)
 
     def validate(self, path: str) -> None:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):

@@ -31,16 +31,16 @@ def blocked_ranks(shard) -> list[dict]:
                 continue
             op = stream.ops[0]
             if op.kind == RECV:
-                waits.append(f"{op.name} on stream {stream.name}")
+                waits.append(f"{op.describe()} on stream {stream.name}")
             elif op.kind == COLL and op.started:
                 peers = sorted({key[3] for key, w in gpu.waiters.items() if getattr(w, "run", None) is not None
                                 and w.run.op is op})  # fmt: skip
-                waits.append(f"{op.name} waiting for rank(s) {_short(peers)}")
-                colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.name, "ranks": list(op.a.ranks)})
+                waits.append(f"{op.describe()} waiting for rank(s) {_short(peers)}")
+                colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.describe(), "ranks": list(op.a.ranks)})
             elif op.deps_left:
-                waits.append(f"{op.name} on stream {stream.name} waiting for another stream")
+                waits.append(f"{op.describe()} on stream {stream.name} waiting for another stream")
             else:
-                waits.append(f"{op.name} on stream {stream.name}")
+                waits.append(f"{op.describe()} on stream {stream.name}")
         result.append({"rank": rank, "time_ns": gpu.last_time, "waits": waits, "colls": colls,
                        "issued": dict(gpu.coll_seq)})  # fmt: skip
     return result

@@ -37,6 +37,11 @@ class Op:
         self.a, self.b, self.c, self.d = a, b, c, d
 
     def describe(self) -> str:
+        """Readable name; collectives build theirs only when asked (errors, traces)."""
+        if self.name is None and self.kind == COLL:
+            call, (_, seq) = self.a, self.c
+            shown = ",".join(map(str, call.ranks[:8])) + (",..." if len(call.ranks) > 8 else "")
+            self.name = f"{call.op} #{seq} on group[{shown}] ({call.size_bytes} B, {self.b.name})"
         return self.name
 
 

@@ -134,7 +134,7 @@ class Shard:
         g = self.groups.get(ranks)
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
-            g = self.groups[ranks] = Group(ranks, tier)
+            g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
         return g
 
     def default_algorithm(self, op: str, group: Group) -> str:
@@ -246,7 +246,7 @@ class Shard:
         elif op.kind in COMM_KINDS:
             gpu.comm_ns += t - op.t_start
         if gpu.trace is not None:
-            gpu.trace.append((stream.name, op.name, op.kind, op.t_start, t))
+            gpu.trace.append((stream.name, op.describe(), op.kind, op.t_start, t))
         dependents = op.dependents
         if dependents is not None:
             op.dependents = None
@@ -354,7 +354,7 @@ class Shard:
 
     # -- collectives ---------------------------------------------------------------------------
     def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
-        if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self._in_one_node(op.a.ranks):
+        if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
             self._rendezvous(gpu, op, t)
             return
         channels = op.b.channels(op.a, self.topo)
@@ -364,11 +364,6 @@ class Shard:
             return
         for it in channels:
             self._step(gpu, Chan(run, it), t)
-
-    def _in_one_node(self, ranks: tuple[int, ...]) -> bool:
-        node = self.topo.rank_node
-        first = node[ranks[0]]
-        return all(node[r] == first for r in ranks)
 
     def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int) -> None:
         """Fast path for a group inside one node (hence one shard): see netmodel/collectives/analytic."""
@@ -381,7 +376,7 @@ class Shard:
 
             other = arrived[0]
             raise CollectiveMismatchError(
-                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.name} but rank {other[0].rank} "
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.describe()} but rank {other[0].rank} "
                 f"issued {describe_sig(other[1].d)} as call #{key[1]} on the same group"
             )
         arrived.append((gpu, op))
@@ -448,7 +443,7 @@ class Shard:
             from emulator.engine.diagnose import describe_sig
 
             raise CollectiveMismatchError(
-                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.name} but rank {peer} "
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.describe()} but rank {peer} "
                 f"issued {describe_sig(sig)} as call #{run.seq} on the same group"
             )
 
