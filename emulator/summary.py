@@ -51,8 +51,18 @@ def export_shard(shard) -> dict:
     owned_links = [i for i, node in enumerate(topo.link_node) if node in owned_nodes]
     data = shard.stats.export(owned_links)
     data["ranks"] = [
-        (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks), g.wait_ns,
-         g.flops_done)
+        (
+            g.rank,
+            g.node,
+            g.last_time,
+            g.ops_done,
+            g.compute_ns,
+            g.comm_ns,
+            g.mem_peak,
+            list(g.marks),
+            g.wait_ns,
+            g.flops_done,
+        )
         for g in (shard.gpus[r] for r in sorted(shard.gpus))
     ]
     data["traces"] = {g.rank: g.trace for g in shard.gpus.values() if g.trace is not None}

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from netmodel.collectives import ALGORITHMS
-from netmodel.collectives.base import OPS
-
 from emulator.engine.ops import COLL, RECV
 from emulator.errors import CollectiveMismatchError, DeadlockError
+from netmodel.collectives import ALGORITHMS
+from netmodel.collectives.base import OPS
 
 ALGOS = sorted(ALGORITHMS)
 
@@ -75,7 +74,8 @@ def raise_for_stuck(blocked: list[dict]) -> None:
                     others.append(f"rank {peer} is in {state}")
             if others:
                 raise CollectiveMismatchError(
-                    f"collective mismatch: rank {b['rank']} is in {coll['name']} but " + "; ".join(others[:4])
+                    f"collective mismatch: rank {b['rank']} is in {coll['name']} but "
+                    + "; ".join(others[:4])
                     + (f" (+{len(others) - 4} more)" if len(others) > 4 else "")
                 )
     parts = [f"rank {b['rank']} (t={b['time_ns'] / 1e9:.6f} s): {'; '.join(b['waits']) or 'no runnable op'}"

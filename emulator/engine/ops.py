@@ -21,8 +21,21 @@ COMM_KINDS = frozenset({SEND, RECV, COLL})
 class Op:
     """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard)."""
 
-    __slots__ = ("kind", "name", "stream", "deps_left", "dependents", "done", "started", "t_start", "t_end",
-                 "a", "b", "c", "d")
+    __slots__ = (
+        "kind",
+        "name",
+        "stream",
+        "deps_left",
+        "dependents",
+        "done",
+        "started",
+        "t_start",
+        "t_end",
+        "a",
+        "b",
+        "c",
+        "d",
+    )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
         self.kind = kind

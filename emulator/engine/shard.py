@@ -330,7 +330,7 @@ class Shard:
 
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
         """Returns True if the receive waits (its completion is an event)."""
-        src, size, tag = op.a, op.b, op.c
+        src, _size, tag = op.a, op.b, op.c
         k = gpu.p2p_recv.get((src, tag), 0)
         gpu.p2p_recv[(src, tag)] = k + 1
         key = (0, tag, 0, src, k)

@@ -72,8 +72,11 @@ class ShardStats:
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""
         return {
-            "links": {i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
-                      for i in owned_links if self.link_messages[i]},  # fmt: skip
+            "links": {
+                i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
+                for i in owned_links
+                if self.link_messages[i]
+            },  # fmt: skip
             "tier_bytes": list(self.tier_bytes),
             "tier_messages": list(self.tier_messages),
             "size_hist": [dict(h) for h in self.size_hist],
