@@ -275,7 +275,7 @@ class Shard:
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
         gpu.msg_seq += 1
-        self.stats.message(route.tier, size, kind, start)
+        self.stats.message(route.tier, size, kind, start, end_up)
         record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
         shard = self.rank_shard[dst]
         if shard == self.index:

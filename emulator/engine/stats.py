@@ -40,7 +40,8 @@ class ShardStats:
             if wait > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait
 
-    def message(self, tier: int, size: int, kind: str, t: int) -> None:
+    def message(self, tier: int, size: int, kind: str, t: int, t_end: int = 0) -> None:
+        """Count a message sent from ``t``; its bytes go to the time buckets of ``[t, t_end)``."""
         self.tier_bytes[tier] += size
         self.tier_messages[tier] += 1
         bucket = (size - 1).bit_length() if size > 0 else 0
@@ -51,8 +52,19 @@ class ShardStats:
             hist = self.kind_hist[kind] = {}
         hist[bucket] = hist.get(bucket, 0) + 1
         line = self.timeline[tier]
-        slot = t // self.bucket_ns
-        line[slot] = line.get(slot, 0) + size
+        bucket_ns = self.bucket_ns
+        slot = t // bucket_ns
+        if t_end <= t or (t_end - 1) // bucket_ns == slot:
+            line[slot] = line.get(slot, 0) + size
+            return
+        # a message longer than what is left of its bucket: spread its bytes pro rata over the buckets
+        # its serialisation spans, so that utilisation over time never exceeds what the links carried
+        # (integer shares of the cumulative total: the bytes add up exactly)
+        done = 0
+        for s in range(slot, (t_end - 1) // bucket_ns + 1):
+            part = size * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
+            line[s] = line.get(s, 0) + part
+            done += part
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""

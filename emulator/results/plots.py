@@ -40,7 +40,8 @@ def _bar_groups(ax, series: dict[str, dict[int, int]], title: str) -> None:
     ax.set_xlabel("message size (bucket upper bound)")
     ax.set_ylabel("messages")
     ax.set_yscale("log")
-    ax.set_ylim(bottom=0.5)  # a bucket of one message still shows
+    top = max(c for counts in series.values() for c in counts.values())
+    ax.set_ylim(0.5, top * 4)  # a bucket of one message still shows; room for the count labels
     ax.set_title(title)
     ax.legend(fontsize="small")
 

@@ -9,9 +9,10 @@ from tests.conftest import CONFIGS
 
 DP = str(CONFIGS / "examples" / "data-parallel.yaml")
 PP = str(CONFIGS / "examples" / "ping-pong.yaml")
-# 4 nodes, leaf switches of 2 nodes: traffic on every tier (NVSwitch, leaf, spine); 64 MiB of gradients
+# 4 nodes, leaf switches of 2 nodes: traffic on every tier (NVSwitch, leaf, spine); 64 MiB of gradients;
+# 100 us time buckets: finer than the all-reduce messages, so the timeline must spread them
 DP_SMALL = ["--set", "program_args.iterations=2", "--set", "program_args.grad_bytes=67108864",
-            "--set", "cluster.tiers.0.span_nodes=2"]  # fmt: skip
+            "--set", "cluster.tiers.0.span_nodes=2", "--set", "engine.timeline_bucket_us=100"]  # fmt: skip
 
 
 def cli_run(out, run_file: str, *args: str) -> None:

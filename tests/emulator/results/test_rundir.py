@@ -74,6 +74,14 @@ def test_histograms_match_summary(dp_dir):
     assert kinds == sum(data.summary["messages_by_tier"].values())
 
 
+def test_timeline_adds_up_and_stays_within_capacity(dp_dir):
+    """Timeline bytes per tier sum to the summary's; no time bucket shows more than 100 % utilisation."""
+    data = read_run_dir(dp_dir)
+    for tier, nbytes in data.summary["bytes_by_tier"].items():
+        assert sum(r["message_bytes"] for r in data.timeline if r["tier"] == tier) == nbytes
+    assert 0.5 < max(r["utilisation"] for r in data.timeline) <= 1.0 + 1e-6
+
+
 def test_breakdown_adds_up_to_run_time(dp_dir):
     """compute + exposed communication + bubble + idle is the run's virtual time on every rank."""
     data = read_run_dir(dp_dir)
