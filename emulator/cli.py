@@ -90,7 +90,8 @@ def cmd_run(args) -> int:
     if args.wandb:
         from emulator.results.wandb_log import log_run
 
-        log_run(tables, str(out))
+        url = log_run(tables, str(out))
+        print(f"wandb: {url or 'logged (offline)'}")
     it = summary.get("iteration_time_s")
     line = (
         f"{config.name}: {summary['world_size']} GPUs, virtual {summary['sim_time_s']:.6f} s in "

@@ -36,7 +36,7 @@ def result_figures(data: RunTables) -> dict:
     figures = flatten(data.summary)
     if data.ranks:
         for col in BREAKDOWN:
-            figures[f"ranks.mean.{col}"] = sum(r[col] for r in data.ranks) / len(data.ranks)
+            figures[f"ranks.mean.{col}"] = round(sum(r[col] for r in data.ranks) / len(data.ranks))
     for row in data.links:
         for col in ("utilisation", "peak_queue_ns"):
             key = f"links.max_{col}.{row['tier']}"
@@ -78,7 +78,8 @@ def _fmt(v) -> str:
         return "-"
     if isinstance(v, float):
         return f"{v:.6g}"
-    return str(v)
+    text = str(v)
+    return text if len(text) <= 16 else text[:15] + "~"  # fingerprints: the table stays aligned
 
 
 def _line(row: dict, width: int) -> str:

@@ -108,7 +108,7 @@ def breakdown_groups(ranks: list[dict]) -> list[tuple[str, list[dict]]]:
 def plot_breakdown(data: RunTables) -> Figure:
     """Mean per-rank time breakdown per pipeline stage (or node), and communication exposed vs overlapped."""
     groups = breakdown_groups(data.ranks)
-    fig = Figure(figsize=(12, 1.6 + 0.35 * max(len(groups), 2)), layout="constrained")
+    fig = Figure(figsize=(12, 1.6 + 0.3 * max(len(groups), 2)), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(3, 2), sharey=True)
     names = [name for name, _ in groups]
     ys = list(range(len(groups)))

@@ -102,9 +102,12 @@ def _counter_events(timeline: list[dict], pid: int) -> list[dict]:
 
 
 def trace_document(result: RunResult, topo, timeline: list[dict] | None = None, metadata: dict | None = None) -> dict:
-    """The JSON object written to ``trace.json``."""
+    """The JSON object written to ``trace.json``.
+
+    Timestamps are microseconds with nanosecond decimals (the format's unit). No ``displayTimeUnit``:
+    some Perfetto versions read it as the unit of ``ts`` rather than a display preference.
+    """
     return {
         "traceEvents": trace_events(result, topo, timeline),
-        "displayTimeUnit": "ns",
         "otherData": {"traced_ranks": sorted(result.traces), **(metadata or {})},
     }

@@ -43,6 +43,6 @@ def log_run(data: RunTables, run_dir: str | None = None) -> str:
                 run.log({name: wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])})
         if run_dir:
             run.summary["run_dir"] = str(run_dir)
-        return run.get_url() or ""
+        return getattr(run, "url", None) or ""
     finally:
         run.finish()

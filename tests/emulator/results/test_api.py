@@ -88,3 +88,13 @@ def test_wandb_flag_without_wandb_is_one_line_error(monkeypatch, capsys, tmp_pat
     assert main(["run", PP, "--wandb", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == "error: --wandb: wandb is not installed (pip install wandb)"
     assert not (tmp_path / "x").exists()
+
+
+def test_wandb_logging_offline(monkeypatch, tmp_path, capsys):
+    """With wandb installed, --wandb logs the run (offline mode: files under WANDB_DIR)."""
+    pytest.importorskip("wandb")
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["run", PP, "--set", "cluster.nodes=2", "--wandb", "--out", str(tmp_path / "x")]) == 0
+    assert "wandb: logged (offline)" in capsys.readouterr().out
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
