@@ -40,37 +40,56 @@ class ShardStats:
             if wait > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait
 
+    def collective(self, links, messages: int, msg_bytes: int, busy_ns: int, wait_ns: int, end: int,
+                   free: list) -> None:  # fmt: skip
+        """Account a fast-path collective: each member link carries ``messages`` of ``msg_bytes``."""
+        for link in links:
+            free[link] = end
+            self.link_bytes[link] += messages * msg_bytes
+            self.link_busy_ns[link] += busy_ns
+            self.link_messages[link] += messages
+            if wait_ns > self.link_max_wait_ns[link]:
+                self.link_max_wait_ns[link] = wait_ns
+
     def message(self, tier: int, size: int, kind: str, t: int, t_end: int = 0) -> None:
-        """Count a message sent from ``t``; its bytes go to the time buckets of ``[t, t_end)``."""
-        self.tier_bytes[tier] += size
-        self.tier_messages[tier] += 1
+        self.messages(tier, size, kind, t, 1, t_end)
+
+    def messages(self, tier: int, size: int, kind: str, t: int, count: int, t_end: int = 0) -> None:
+        """Account ``count`` messages of ``size`` bytes sent on ``tier`` from ``t``; their bytes go to
+        the time buckets of ``[t, t_end)`` (all to the bucket of ``t`` when ``t_end`` is not later)."""
+        self.tier_bytes[tier] += size * count
+        self.tier_messages[tier] += count
         bucket = (size - 1).bit_length() if size > 0 else 0
         hist = self.size_hist[tier]
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         hist = self.kind_hist.get(kind)
         if hist is None:
             hist = self.kind_hist[kind] = {}
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         line = self.timeline[tier]
         bucket_ns = self.bucket_ns
         slot = t // bucket_ns
         if t_end <= t or (t_end - 1) // bucket_ns == slot:
-            line[slot] = line.get(slot, 0) + size
+            line[slot] = line.get(slot, 0) + size * count
             return
         # a message longer than what is left of its bucket: spread its bytes pro rata over the buckets
         # its serialisation spans, so that utilisation over time never exceeds what the links carried
         # (integer shares of the cumulative total: the bytes add up exactly)
         done = 0
+        total = size * count
         for s in range(slot, (t_end - 1) // bucket_ns + 1):
-            part = size * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
+            part = total * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
             line[s] = line.get(s, 0) + part
             done += part
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""
         return {
-            "links": {i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
-                      for i in owned_links if self.link_messages[i]},  # fmt: skip
+            "links": {
+                i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
+                for i in owned_links
+                if self.link_messages[i]
+            },  # fmt: skip
             "tier_bytes": list(self.tier_bytes),
             "tier_messages": list(self.tier_messages),
             "size_hist": [dict(h) for h in self.size_hist],
