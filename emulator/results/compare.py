@@ -11,7 +11,8 @@ from pathlib import Path
 from emulator.results.rundir import RunTables, read_run_dir
 
 # always shown, changed or not: the figures a user looks at first
-HEADLINE = ("iteration_time_s", "sim_time_s", "mfu", "tflops_per_gpu", "peak_memory_bytes", "fingerprint")
+HEADLINE = ("iteration_time_s", "sim_time_s", "tokens_per_s", "mfu", "model_tflops_per_gpu", "bubble_fraction",
+            "exposed_comm_fraction", "peak_memory_bytes", "fingerprint")  # fmt: skip
 # wall-clock figures differ between any two runs: reported apart so they do not hide real changes
 WALL_CLOCK = ("wall_time_s", "speed_ratio", "events_per_s")
 BREAKDOWN = ("compute_ns", "comm_ns", "exposed_comm_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns")

@@ -17,6 +17,7 @@ from emulator.results.rundir import RunTables
 BREAKDOWN = (("compute_ns", "compute", "#4c72b0"), ("exposed_comm_ns", "exposed communication", "#dd8452"),
              ("bubble_ns", "pipeline bubble", "#c44e52"), ("idle_ns", "idle", "#bbbbbb"))  # fmt: skip
 MAX_GROUPS = 32  # bars in the breakdown; more nodes are binned into consecutive ranges
+MAX_POINTS = 600  # time windows in the utilisation plot; finer buckets are averaged
 
 
 def _bar_groups(ax, series: dict[str, dict[int, int]], title: str) -> None:
@@ -33,7 +34,7 @@ def _bar_groups(ax, series: dict[str, dict[int, int]], title: str) -> None:
         xs = [b - buckets[0] + (i - (len(series) - 1) / 2) * width for b in counts]
         bars = ax.bar(xs, list(counts.values()), width=width, label=name)
         if len(used) * len(series) <= 16:
-            ax.bar_label(bars, fontsize="small")
+            ax.bar_label(bars, labels=[_count(c) for c in counts.values()], fontsize="small")
     ax.set_xlim(-0.5 - max(0, (5 - len(buckets)) / 2), len(buckets) - 0.5 + max(0, (5 - len(buckets)) / 2))
     ax.set_xticks(range(len(buckets)))
     ax.set_xticklabels([_size_label(b) for b in buckets], rotation=45, ha="right")
@@ -44,6 +45,14 @@ def _bar_groups(ax, series: dict[str, dict[int, int]], title: str) -> None:
     ax.set_ylim(0.5, top * 4)  # a bucket of one message still shows; room for the count labels
     ax.set_title(title)
     ax.legend(fontsize="small")
+
+
+def _count(n: int) -> str:
+    """1234567 -> 1.2M: bar labels stay short."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
 
 
 def _size_label(bucket: int) -> str:
@@ -74,18 +83,24 @@ def plot_link_utilisation(data: RunTables) -> Figure:
         by_tier.setdefault(str(row["tier"]), {})[int(row["bucket"])] = row
     last = max((b for rows in by_tier.values() for b in rows), default=-1)
     sim_s = float(data.summary.get("sim_time_s") or 0.0)
+    # a long run has thousands of buckets: average them into at most MAX_POINTS windows
+    per = -(-(last + 1) // MAX_POINTS) if last >= 0 else 1
+    bucket_s = 0.0
     for tier, rows in by_tier.items():
-        bucket_s = next(iter(rows.values()))["end_s"] - next(iter(rows.values()))["start_s"]
-        xs = [b * bucket_s * 1e3 for b in range(last + 2)]
-        ys = [100 * rows[b]["utilisation"] if b in rows else 0.0 for b in range(last + 1)] + [0.0]
-        ax.step(xs, ys, where="post", label=tier)
+        first = next(iter(rows.values()))
+        bucket_s = first["end_s"] - first["start_s"]
+        windows = range(0, last + 1, per)
+        xs = [w * bucket_s * 1e3 for w in windows] + [(last + 1) * bucket_s * 1e3]
+        ys = [100 * sum(rows[b]["utilisation"] for b in range(w, w + per) if b in rows) / per for w in windows]
+        ax.step(xs, [*ys, 0.0], where="post", label=tier)
     if not by_tier:
         ax.text(0.5, 0.5, "no traffic", ha="center", va="center", transform=ax.transAxes)
     if sim_s:
         ax.axvline(sim_s * 1e3, color="grey", linestyle=":", label="end of run")
     ax.set_xlabel("virtual time (ms)")
     ax.set_ylabel("utilisation of the tier's links (%)")
-    ax.set_title("Link utilisation per tier over virtual time")
+    window = f"{per * bucket_s * 1e3:.3g} ms windows" if bucket_s else "no traffic"
+    ax.set_title(f"Link utilisation per tier over virtual time ({window})")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small")
     return fig

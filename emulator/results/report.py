@@ -14,9 +14,9 @@ import yaml
 
 from emulator.results.rundir import RunTables, read_run_dir
 
-HEADLINE = ("name", "world_size", "iterations", "iteration_time_s", "sim_time_s", "mfu", "tflops_per_gpu",
-            "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes", "events", "wall_time_s",
-            "speed_ratio", "fingerprint")  # fmt: skip
+HEADLINE = ("name", "world_size", "iterations", "iteration_time_s", "sim_time_s", "tokens_per_s", "mfu",
+            "model_tflops_per_gpu", "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes", "events",
+            "wall_time_s", "speed_ratio", "fingerprint")  # fmt: skip
 
 STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:1250px} table{border-collapse:collapse;margin:1em 0} "
