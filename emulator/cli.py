@@ -1,4 +1,4 @@
-"""Command line: ``emulator run | check | collbench | validate``.
+"""Command line: ``emulator run | check | collbench | validate | report | compare``.
 
 User errors print one line (``error: ...``) and exit with code 2; success exits 0.
 """
@@ -31,6 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shards", type=int, default=1, help="number of shards (Ray actors, or in-process)")
     run.add_argument("--address", help="Ray cluster address: auto or HOST:PORT (default: start a local Ray)")
     run.add_argument("--quiet", action="store_true", help="print only the summary line")
+    run.add_argument("--trace-ranks", default="default", metavar="RANKS",
+                     help="ranks in trace.json: 0-7,64 | all | none (default: the first node's GPUs)")  # fmt: skip
+    run.add_argument("--wandb", action="store_true", help="also log the run to Weights & Biases (needs wandb)")
+
+    report = sub.add_parser("report", help="plots of a run directory in one self-contained HTML page")
+    report.add_argument("run_dir", type=Path)
+    report.add_argument("--out", type=Path, help="HTML file (default RUN_DIR/report.html); PNGs go beside it")
+
+    compare = sub.add_parser("compare", help="config and result changes between two run directories")
+    compare.add_argument("run_a", type=Path)
+    compare.add_argument("run_b", type=Path)
+    compare.add_argument("--json", action="store_true", help="print every figure as JSON")
 
     check = sub.add_parser("check", help="validate a run file without running it")
     _add_config_args(check)
@@ -61,11 +73,25 @@ def _load(args):
 
 
 def cmd_run(args) -> int:
-    from emulator.run import default_out_dir, execute, write_run_dir
+    from emulator.results.rundir import write_results
+    from emulator.results.tables import parse_rank_spec
+    from emulator.run import default_out_dir, execute
+    from netmodel.topology import Topology
 
     config = _load(args)
-    summary, _, _ = execute(config, backend=args.backend, shards=args.shards, address=args.address)
-    out = write_run_dir(args.out or default_out_dir(config.name), config, summary)
+    trace_ranks = parse_rank_spec(args.trace_ranks, Topology(config.cluster))
+    if args.wandb:
+        from emulator.results.wandb_log import require_wandb
+
+        require_wandb()  # fail before the run, not after it
+    summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
+                                    trace_ranks=trace_ranks)  # fmt: skip
+    out, tables = write_results(args.out or default_out_dir(config.name), config, summary, result, topo)
+    if args.wandb:
+        from emulator.results.wandb_log import log_run
+
+        url = log_run(tables, str(out))
+        print(f"wandb: {url or 'logged (offline)'}")
     it = summary.get("iteration_time_s")
     line = (
         f"{config.name}: {summary['world_size']} GPUs, virtual {summary['sim_time_s']:.6f} s in "
@@ -110,7 +136,24 @@ def cmd_validate(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "collbench": cmd_collbench, "validate": cmd_validate}
+def cmd_report(args) -> int:
+    from emulator.results.report import write_report
+
+    page, pngs = write_report(args.run_dir, args.out)
+    print(f"{page} ({len(pngs)} plots: {', '.join(p.name for p in pngs)})")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from emulator.results.compare import compare, format_comparison
+
+    cmp = compare(args.run_a, args.run_b)
+    print(json.dumps(cmp, indent=2) if args.json else format_comparison(cmp))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "check": cmd_check, "collbench": cmd_collbench, "validate": cmd_validate,
+            "report": cmd_report, "compare": cmd_compare}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

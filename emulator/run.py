@@ -6,7 +6,9 @@ emulator run configs/examples/ring.yaml --out runs/ring
 from __future__ import annotations
 
 import json
+import sys
 import time
+import types
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -58,3 +60,17 @@ def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
     (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out_dir
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this module makes it the attribute ``emulator.run`` (Python sets submodules on their
+    package), which the notebook API also needs as a function: calling the module runs
+    :func:`emulator.api.run`, so ``emulator.run("configs/examples/ping-pong.yaml")`` always works."""
+
+    def __call__(self, *args, **kwargs):
+        from emulator.api import run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

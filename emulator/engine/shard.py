@@ -279,7 +279,7 @@ class Shard:
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
         gpu.msg_seq += 1
-        self.stats.message(route.tier, size, kind, start)
+        self.stats.message(route.tier, size, kind, start, end_up)
         record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
         shard = self.rank_shard[dst]
         if shard == self.index:
@@ -394,7 +394,7 @@ class Shard:
         end = start + duration
         per_link = messages // call.n  # chains (broadcast/reduce) spread evenly over the members' ports
         self.stats.collective(links, per_link, msg_bytes, per_link * int(-(-msg_bytes // bw)), start - t, end, free)
-        self.stats.messages(0, msg_bytes, call.op, start, messages)
+        self.stats.messages(0, msg_bytes, call.op, start, messages, end)
         for member, member_op in arrived:
             self._push(end, EV_OP_DONE, member, member_op)
 

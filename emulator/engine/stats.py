@@ -51,11 +51,12 @@ class ShardStats:
             if wait_ns > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait_ns
 
-    def message(self, tier: int, size: int, kind: str, t: int) -> None:
-        self.messages(tier, size, kind, t, 1)
+    def message(self, tier: int, size: int, kind: str, t: int, t_end: int = 0) -> None:
+        self.messages(tier, size, kind, t, 1, t_end)
 
-    def messages(self, tier: int, size: int, kind: str, t: int, count: int) -> None:
-        """Account ``count`` messages of ``size`` bytes sent on ``tier`` at ``t``."""
+    def messages(self, tier: int, size: int, kind: str, t: int, count: int, t_end: int = 0) -> None:
+        """Account ``count`` messages of ``size`` bytes sent on ``tier`` from ``t``; their bytes go to
+        the time buckets of ``[t, t_end)`` (all to the bucket of ``t`` when ``t_end`` is not later)."""
         self.tier_bytes[tier] += size * count
         self.tier_messages[tier] += count
         bucket = (size - 1).bit_length() if size > 0 else 0
@@ -66,8 +67,20 @@ class ShardStats:
             hist = self.kind_hist[kind] = {}
         hist[bucket] = hist.get(bucket, 0) + count
         line = self.timeline[tier]
-        slot = t // self.bucket_ns
-        line[slot] = line.get(slot, 0) + size * count
+        bucket_ns = self.bucket_ns
+        slot = t // bucket_ns
+        if t_end <= t or (t_end - 1) // bucket_ns == slot:
+            line[slot] = line.get(slot, 0) + size * count
+            return
+        # a message longer than what is left of its bucket: spread its bytes pro rata over the buckets
+        # its serialisation spans, so that utilisation over time never exceeds what the links carried
+        # (integer shares of the cumulative total: the bytes add up exactly)
+        done = 0
+        total = size * count
+        for s in range(slot, (t_end - 1) // bucket_ns + 1):
+            part = total * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
+            line[s] = line.get(s, 0) + part
+            done += part
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""

@@ -1,0 +1,185 @@
+"""The notebook API: run a config from Python and study its results.
+
+    import emulator
+    r = emulator.run("configs/examples/data-parallel.yaml", overrides={"program_args.iterations": 2})
+    r.summary["iteration_time_s"], r.fingerprint
+    r.links.sort_values("utilisation").tail()     # pandas DataFrames when pandas is installed
+    r.plot_breakdown()                             # matplotlib figures
+
+``emulator.load("runs/dp")`` gives the same object for a run directory written earlier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import ConfigError
+from emulator.results.rundir import RunTables, build_tables, read_run_dir, write_results
+
+
+def _frame(rows: list[dict], columns: tuple[str, ...] = ()) -> Any:
+    """A pandas DataFrame when pandas is importable, else the rows themselves (a list of dicts)."""
+    try:
+        import pandas
+    except ImportError:
+        return [dict(r) for r in rows]
+    return pandas.DataFrame(rows, columns=list(columns) or None)
+
+
+class RunResults:
+    """A finished run: ``summary`` (dict), ``links``/``ranks``/``histograms``/``timeline`` tables,
+    ``fingerprint``, plotting helpers; ``result``/``topo``/``config`` are the raw objects of a fresh run."""
+
+    def __init__(self, data: RunTables, config=None, result=None, topo=None, run_dir: Path | None = None):
+        self.tables = data
+        self.config = config
+        self.result = result
+        self.topo = topo
+        self.run_dir = run_dir
+
+    @property
+    def summary(self) -> dict:
+        return self.tables.summary
+
+    @property
+    def fingerprint(self) -> str:
+        return self.tables.summary["fingerprint"]
+
+    @property
+    def links(self) -> Any:
+        from emulator.results.tables import LINK_COLUMNS
+
+        return _frame(self.tables.links, LINK_COLUMNS)
+
+    @property
+    def ranks(self) -> Any:
+        from emulator.results.tables import RANK_COLUMNS
+
+        return _frame(self.tables.ranks, RANK_COLUMNS)
+
+    @property
+    def histograms(self) -> Any:
+        from emulator.results.tables import HISTOGRAM_COLUMNS
+
+        return _frame(self.tables.histograms, HISTOGRAM_COLUMNS)
+
+    @property
+    def timeline(self) -> Any:
+        from emulator.results.tables import TIMELINE_COLUMNS
+
+        return _frame(self.tables.timeline, TIMELINE_COLUMNS)
+
+    def plot_message_sizes(self):
+        from emulator.results.plots import plot_message_sizes
+
+        return plot_message_sizes(self.tables)
+
+    def plot_link_utilisation(self):
+        from emulator.results.plots import plot_link_utilisation
+
+        return plot_link_utilisation(self.tables)
+
+    def plot_breakdown(self):
+        from emulator.results.plots import plot_breakdown
+
+        return plot_breakdown(self.tables)
+
+    def plot_busiest_links(self, count: int = 20):
+        from emulator.results.plots import plot_busiest_links
+
+        return plot_busiest_links(self.tables, count)
+
+    def write(self, out: str | Path) -> Path:
+        """Write the run directory (a fresh run only: it needs the raw results)."""
+        if self.result is None:
+            raise ConfigError("write(): this RunResults was loaded from a directory; it has no raw results")
+        self.run_dir, _ = write_results(out, self.config, self.summary, self.result, self.topo)
+        return self.run_dir
+
+    def __repr__(self) -> str:
+        s = self.summary
+        it = s.get("iteration_time_s")
+        return (f"<RunResults {s.get('name', '')!r}: {s.get('world_size')} GPUs, virtual {s.get('sim_time_s', 0):.6f} s"
+                + (f", iteration {it:.6f} s" if it else "") + f", fingerprint {s.get('fingerprint')}>")  # fmt: skip
+
+
+def _override_pairs(overrides: dict | list | tuple | None) -> list[tuple[list[str], Any]]:
+    """``{"a.b": 1}`` or ``["a.b=1"]`` (the ``--set`` syntax) as (key path, value) pairs."""
+    from emulator.config.loader import parse_override
+
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        pairs = []
+        for key, value in overrides.items():
+            keys = [k for k in str(key).split(".") if k]
+            if not keys:
+                raise ConfigError(f"overrides: empty key path {key!r}")
+            pairs.append((keys, value))
+        return pairs
+    if isinstance(overrides, str):
+        raise ConfigError("overrides: give a dict {'key.path': value} or a list of 'key.path=value' strings")
+    return [parse_override(text) for text in overrides]
+
+
+def load_config(path_or_config, overrides: dict | list | None = None):
+    """A validated RunConfig from a run file path, a RunConfig or a plain dict, overrides applied."""
+    from emulator.config.loader import apply_override, load_run_dict, resolve_reference
+    from emulator.config.schema import RunConfig
+    from emulator.config.typed import from_dict, to_dict
+
+    if isinstance(path_or_config, (str, Path)):
+        data, _ = load_run_dict(path_or_config, [])
+    elif isinstance(path_or_config, RunConfig):
+        data = to_dict(path_or_config)
+    elif isinstance(path_or_config, dict):
+        data = to_dict(path_or_config)  # a deep copy: the caller's dict is left alone
+        for kind in ("cluster", "model", "parallel", "training"):
+            if isinstance(data.get(kind), str):  # a preset name or file, as in a run file
+                data[kind], _ = resolve_reference(kind, data[kind], Path.cwd())
+    else:
+        raise ConfigError(
+            f"run(): expected a run file path, a RunConfig or a dict, got {type(path_or_config).__name__}"
+        )
+    for keys, value in _override_pairs(overrides):
+        # as with --set: cluster=<preset or file> and model=<preset or file> load the referenced config
+        if keys[0] in ("cluster", "model") and isinstance(value, str) and len(keys) == 1:
+            value, _ = resolve_reference(keys[0], value, Path.cwd())
+        apply_override(data, keys, value)
+    return from_dict(RunConfig, data, "")
+
+
+def run(path_or_config, overrides: dict | list | None = None, backend: str = "inline", shards: int = 1,
+        out: str | Path | None = None, trace_ranks: str | list[int] | None = "default", address: str | None = None,
+        wandb: bool = False) -> RunResults:  # fmt: skip
+    """Run a config as ``emulator run`` does; writes the run directory only when ``out`` is given.
+
+    ``trace_ranks``: ``"default"`` (the first node), ``"all"``, ``"none"``, ``"0-7,64"`` or a list.
+    Raises the project's errors (ConfigError, DeadlockError, ...) like the command line.
+    """
+    from emulator.results.tables import parse_rank_spec
+    from emulator.run import execute
+    from netmodel.topology import Topology
+
+    config = load_config(path_or_config, overrides)
+    if wandb:
+        from emulator.results.wandb_log import require_wandb
+
+        require_wandb()
+    ranks = parse_rank_spec(trace_ranks, Topology(config.cluster))
+    summary, result, topo = execute(config, backend=backend, shards=shards, address=address, trace_ranks=ranks)
+    if out is not None:
+        run_dir, data = write_results(out, config, summary, result, topo)
+    else:
+        run_dir, data = None, build_tables(config, summary, result, topo)
+    if wandb:
+        from emulator.results.wandb_log import log_run
+
+        log_run(data, str(run_dir) if run_dir else None)
+    return RunResults(data, config, result, topo, run_dir)
+
+
+def load(run_dir: str | Path) -> RunResults:
+    """The results of a run directory written earlier (no raw results: tables and plots only)."""
+    return RunResults(read_run_dir(run_dir), run_dir=Path(run_dir))
