@@ -61,11 +61,13 @@ def _load(args):
 
 
 def cmd_run(args) -> int:
-    from emulator.run import default_out_dir, execute, write_run_dir
+    from emulator.run import default_out_dir, execute, write_config, write_run_dir
 
     config = _load(args)
+    out = args.out or default_out_dir(config.name)
+    write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
     summary, _, _ = execute(config, backend=args.backend, shards=args.shards, address=args.address)
-    out = write_run_dir(args.out or default_out_dir(config.name), config, summary)
+    out = write_run_dir(out, config, summary)
     it = summary.get("iteration_time_s")
     line = (
         f"{config.name}: {summary['world_size']} GPUs, virtual {summary['sim_time_s']:.6f} s in "
