@@ -34,13 +34,15 @@ def workload_summary(config, result, topo) -> dict:
     model_flops = model_flops_per_iteration(config)
     hardware_flops = sum(r.flops for r in result.ranks) / len(iters)
     peak = sum(get_gpu(topo.gpu_type(r)).peak_flops_per_s[t.precision] for r in range(world))
+    # exposed communication: the compute stream waiting on a communication stream other than the
+    # pipeline's; bubble: every other moment of the iteration the compute stream is idle (waiting on
+    # a pipeline neighbour, or done early and waiting for the slowest stage to end the iteration)
     bubble = exposed = 0
     for r in result.ranks:
-        for stream, ns in r.wait_ns.get("compute", {}).items():
-            if stream.startswith(PIPELINE_PREFIX):
-                bubble += ns
-            else:
-                exposed += ns
+        waits = r.wait_ns.get("compute", {})
+        rank_exposed = sum(ns for stream, ns in waits.items() if not stream.startswith(PIPELINE_PREFIX))
+        exposed += rank_exposed
+        bubble += max(0, span_ns - r.compute_ns - rank_exposed)
     layout = layout_of(config)
     per_stage_peak: dict[int, int] = {}
     for r in result.ranks:

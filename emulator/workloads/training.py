@@ -33,6 +33,26 @@ from emulator.workloads.segments import BYTES_PER_ELEMENT, layer_shape, model_se
 MiB = 1 << 20
 
 
+def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "") -> None:
+    """Launch fused compute segments and the tensor-parallel collectives between them."""
+    pending = None
+    for seg in segments:
+        kind = seg[0]
+        if kind == "c":
+            gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
+        elif kind == "m":
+            if tp_group is None:
+                continue
+            handle = getattr(gpu, seg[2])(seg[3], tp_group, async_op=True, stream="tp")
+            if seg[4]:
+                pending = handle  # overlapped: waited for after the next compute segment
+            else:
+                handle.wait()
+        elif pending is not None:
+            pending.wait()
+            pending = None
+
+
 def training_program(config):
     """Build the per-rank program for a config with a ``model`` (called once per shard)."""
     layout = layout_of(config)
@@ -78,22 +98,7 @@ def training_program(config):
         gpu.alloc(optimizer, f"stage{stage}.optimizer_states")
 
         def run_segments(segments, suffix: str) -> None:
-            pending = None
-            for seg in segments:
-                kind = seg[0]
-                if kind == "c":
-                    gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
-                elif kind == "m":
-                    if tp_group is None:
-                        continue
-                    handle = getattr(gpu, seg[2])(seg[3], tp_group, async_op=True, stream="tp")
-                    if seg[4]:
-                        pending = handle
-                    else:
-                        handle.wait()
-                elif pending is not None:
-                    pending.wait()
-                    pending = None
+            launch_segments(gpu, segments, tp_group, suffix)
 
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
