@@ -53,7 +53,7 @@ def encode_records(records: list) -> bytes:
 
 def decode_records(blob: bytes) -> list:
     """Inverse of :func:`encode_records`: a list of tuples."""
-    return msgpack.unpackb(blob, use_list=False, ext_hook=_unpack_ext)
+    return list(msgpack.unpackb(blob, use_list=False, ext_hook=_unpack_ext))
 
 
 @functools.cache

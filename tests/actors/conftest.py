@@ -17,7 +17,8 @@ def ray_cluster():
     if ray.is_initialized():
         ray.shutdown()
     store = 80 << 20
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": store})
+    head = {"num_cpus": 1, "object_store_memory": store, "include_dashboard": False}  # CI installs ray[default]
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1, object_store_memory=store)
     ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
     cluster.wait_for_nodes()

@@ -172,3 +172,30 @@ def test_unreachable_address_is_one_line(tmp_path):
     assert lines == [lines[0]] and re.match(rf"error: cannot connect to Ray at 127.0.0.1:{port}: ", lines[0])
     assert time.monotonic() - started < 20
     assert (out / "config.yaml").is_file()
+
+
+class Pids:
+    """An observer that keeps each shard's process id."""
+
+    def __init__(self):
+        self.pids = {}
+
+    def update(self, rounds, virtual_time_ns, shard_stats):
+        self.pids.update({s["shard"]: s["pid"] for s in shard_stats})
+
+
+def test_kept_actors_rerun_edited_programs_and_survive_a_lost_one(ray_cluster, tmp_path):
+    """Actors kept between runs import an edited program again, and a kept actor that died is replaced."""
+    program = tmp_path / "step.py"
+    body = "def main(gpu):\n    gpu.compute('f', duration_ns={})\n    gpu.all_reduce(1 << 20)\n"
+    program.write_text(body.format(1000))
+    config = from_dict(RunConfig, {"program": f"{program}:main", "cluster": cluster_dict(nodes=2, gpus=2)}, "")
+    first, second = Pids(), Pids()
+    before, _, _ = execute(config, "ray", 2, observer=first)
+    program.write_text(body.format(9000))
+    edited, _, _ = execute(config, "ray", 2, observer=second)
+    assert second.pids == first.pids  # the same actors served both runs
+    assert edited["sim_time_s"] == pytest.approx(before["sim_time_s"] + 8e-6)
+    os.kill(second.pids[1], signal.SIGKILL)  # a kept, idle actor dies between runs
+    again, _, _ = execute(config, "ray", 2)
+    assert figures(again) == figures(edited)
