@@ -269,9 +269,11 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
     try:
         pool.describe()
         result = _drive(ray, pool, config, topo, layout, rank_shard, observer, trace_ranks)
-    except BaseException:
+    except BaseException as exc:
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)
-        raise
+        if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
+            raise BackendError(f"Ray failed during the run: {_first_line(exc)}") from None
+        raise  # the run's own errors, and bugs (RayTaskError) with their remote traceback
     pool.release()
     result.extra["shard_hosts"] = list(pool.hosts)
     result.extra["shard_nodes"] = [pool.info[i]["node_id"] for i in range(len(layout))]
