@@ -75,7 +75,7 @@ def _load(args):
 def cmd_run(args) -> int:
     from emulator.results.rundir import write_results
     from emulator.results.tables import parse_rank_spec
-    from emulator.run import default_out_dir, execute
+    from emulator.run import default_out_dir, execute, write_config
     from netmodel.topology import Topology
 
     config = _load(args)
@@ -84,9 +84,11 @@ def cmd_run(args) -> int:
         from emulator.results.wandb_log import require_wandb
 
         require_wandb()  # fail before the run, not after it
+    out = args.out or default_out_dir(config.name)
+    write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
     summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
                                     trace_ranks=trace_ranks)  # fmt: skip
-    out, tables = write_results(args.out or default_out_dir(config.name), config, summary, result, topo)
+    out, tables = write_results(out, config, summary, result, topo)
     if args.wandb:
         from emulator.results.wandb_log import log_run
 

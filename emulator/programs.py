@@ -39,6 +39,11 @@ def load_program(spec: str) -> Callable:
     return func
 
 
+def forget_program(spec: str) -> None:
+    """Drop ``spec`` from the import cache, so that the next load reads the file again."""
+    _CACHE.pop(spec, None)
+
+
 def resolve_program(config) -> tuple[Callable, dict]:
     """The program and its arguments for a run config (called inside every shard process)."""
     if config.program is not None:

@@ -54,6 +54,14 @@ def execute(config, backend: str = "inline", shards: int = 1, address: str | Non
     return summary, result, topo
 
 
+def write_config(out_dir: Path, config) -> Path:
+    """Write the resolved config (before the run starts, so that it survives a failed run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return path
+
+
 def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
     """Write the resolved config and ``summary.json``; returns the directory."""
     out_dir.mkdir(parents=True, exist_ok=True)

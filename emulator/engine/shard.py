@@ -504,7 +504,7 @@ def _describe_exception(exc: BaseException) -> str:
 
 
 def _oom_message(gpu: VirtualGPU, block, t: int) -> str:
-    live = sorted(gpu.allocations, key=lambda b: -b.size_bytes)[:3]
+    live = sorted(gpu.allocations, key=lambda b: (-b.size_bytes, b.name))[:3]  # names break ties: set order varies
     top = ", ".join(f"{b.name} {b.size_bytes / 2**30:.2f} GiB" for b in live)
     return (
         f"out of memory on rank {gpu.rank} at t={t / 1e9:.6f} s: allocating {block.name} "

@@ -1,0 +1,323 @@
+"""The Ray backend: N shard actors pinned to Ray nodes, driven by the conservative round protocol.
+
+    emulator run configs/examples/data-parallel.yaml --backend ray --shards 2 [--address auto|HOST:PORT]
+
+The driver (this module) is the coordinator of ``emulator/engine/coordinator.py`` with shards in
+other processes: each round it sends every shard that has work one call carrying all the records
+routed to it and gets back its outbound batches and next event time, so Ray calls grow with
+rounds, never with messages. The horizon rule, the delivery order and the end-of-run checks are
+those of ``run_rounds`` and ``run_inline``, which is why results are identical bit for bit.
+A shard whose process dies, or that stops answering pings (its host is gone), stops the run
+within seconds with a ``BackendError`` naming the shard and its host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from emulator.backends.inline import shard_layout
+from emulator.engine.coordinator import INF, Observer
+from emulator.engine.diagnose import raise_for_stuck
+from emulator.errors import BackendError, EmulatorError
+from emulator.summary import RunResult, merge
+
+OBSERVE_EVERY_S = 0.5  # as run_rounds
+WINDOW_NS = 1e7  # run_rounds' slice of virtual time for a single observed shard
+CHECK_EVERY_S = 1.0  # a round still running after this long has its shards pinged
+PING_TIMEOUT_S = 5.0  # a shard that does not answer a ping this long is lost (host gone or frozen)
+START_TIMEOUT_S = 60.0  # creating the actors (worker processes, maybe on other hosts)
+CONNECT_TIMEOUT_S = 3.0
+LOCAL_OBJECT_STORE_BYTES = 256 << 20  # records and results are small; keep a local Ray light
+
+
+def import_ray():
+    """The ``ray`` module, or a one-line BackendError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise BackendError(f"the Ray backend needs Ray: pip install 'ray[default]==2.60.0' ({exc})") from None
+    return ray
+
+
+def _first_line(exc: BaseException, limit: int = 240) -> str:
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast (seconds, one line) on an address nobody listens on; Ray itself retries for long."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise BackendError(f"--address {address!r}: expected auto or HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise BackendError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
+
+
+def connect(ray, address: str | None) -> bool:
+    """Join Ray; returns True when this call started it. An initialised Ray is reused as it is.
+
+    No address and no ``RAY_ADDRESS`` (which ``ray job submit`` sets) starts a small local Ray.
+    """
+    if ray.is_initialized():
+        return False
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    try:
+        if address is not None and address != "auto":
+            _check_reachable(address)
+            ray.init(address=address, **quiet)
+        elif address == "auto" or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address, **quiet)
+        else:
+            # "local": a new instance even where `ray start` runs on this host (that one is --address auto)
+            ray.init(address="local", object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False, **quiet)
+    except BackendError:
+        raise
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError here
+        where = address or os.environ.get("RAY_ADDRESS") or "a new local instance"
+        raise BackendError(f"cannot connect to Ray at {where}: {_first_line(exc)}") from None
+    return True
+
+
+def _key(placement: dict) -> tuple:
+    return placement["node_id"], placement["num_cpus"]
+
+
+def _ip_key(ip: str) -> tuple:
+    parts = ip.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (ip,)
+
+
+def place_shards(ray, count: int, cpus_per_shard: float = 1.0) -> list[dict]:
+    """Shard i goes to Ray node i % nodes (alive nodes with CPUs, sorted by IP then node id).
+
+    Each shard reserves ``cpus_per_shard`` CPUs, less where a node gets more shards than it has
+    CPUs (they then share cores rather than wait forever for a free one).
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    if not nodes:
+        raise BackendError("the Ray cluster has no alive node with CPUs to host shards")
+    nodes.sort(key=lambda n: (_ip_key(n["NodeManagerAddress"]), n["NodeID"]))
+    chosen = [nodes[i % len(nodes)] for i in range(count)]
+    per_node = {n["NodeID"]: sum(1 for c in chosen if c is n) for n in nodes}
+    return [
+        {
+            "node_id": n["NodeID"],
+            "ip": n["NodeManagerAddress"],
+            "num_cpus": min(cpus_per_shard, n["Resources"]["CPU"] / per_node[n["NodeID"]]),
+        }
+        for n in chosen
+    ]
+
+
+# Shard actors a finished run left for this driver's next run, so that a notebook or a test
+# session does not start worker processes each time: {"job": Ray job id, "idle": {(node, cpus): [actor]}}
+_IDLE: dict = {"job": None, "idle": {}}
+
+
+class ShardPool:
+    """The shard actors, where they live, and calls to them that notice lost shards."""
+
+    def __init__(self, ray, placement: list[dict], reuse: bool = True):
+        self.ray = ray
+        self.placement = placement
+        self.hosts = [p["ip"] for p in placement]
+        self.info: dict[int, dict] = {}
+        job = ray.get_runtime_context().get_job_id()
+        idle = _IDLE["idle"] if _IDLE["job"] == job and reuse else {}
+        self.actors = [(idle.get(_key(p)) or [None]).pop() for p in placement]
+        self.reused = sum(a is not None for a in self.actors)
+        for actors in idle.values():  # free their CPUs for the actors created below
+            self._kill(actors)
+        _IDLE.update(job=job, idle={})
+        self.actors = [a or self._create(p) for a, p in zip(self.actors, placement, strict=True)]
+
+    def _create(self, p: dict):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from actors.shard_actor import ShardActor
+
+        strategy = NodeAffinitySchedulingStrategy(node_id=p["node_id"], soft=False)
+        return ShardActor.options(num_cpus=p["num_cpus"], max_restarts=0, scheduling_strategy=strategy).remote()
+
+    def describe(self) -> None:
+        """Wait for every actor to exist; learn its host; refuse code that differs from the driver's."""
+        from actors.shard_actor import code_digest
+
+        args = {i: () for i in range(len(self.actors))}
+        try:
+            self.info = self.call("describe", args, timeout_s=START_TIMEOUT_S)
+        except BackendError:
+            if not self.reused:
+                raise
+            self.kill()  # a kept actor was lost since the last run: start afresh
+            self.actors, self.reused = [self._create(p) for p in self.placement], 0
+            self.info = self.call("describe", args, timeout_s=START_TIMEOUT_S)
+        for i, info in sorted(self.info.items()):
+            self.hosts[i] = f"{info['ip']} ({info['host']})" if info["host"] != info["ip"] else info["ip"]
+            if info["code"] != code_digest():
+                raise BackendError(
+                    f"shard {i} on host {self.hosts[i]} runs different emulator code than the driver: install the "
+                    "same version on every host, or ship it with `ray job submit --working-dir . -- emulator run ...`"
+                )
+
+    def release(self) -> None:
+        """Keep the actors for this driver's next run (after a run that ended well)."""
+        for p, actor in zip(self.placement, self.actors, strict=True):
+            _IDLE["idle"].setdefault(_key(p), []).append(actor)
+
+    def lost(self, index: int, exc: BaseException) -> BackendError:
+        return BackendError(f"shard {index} on host {self.hosts[index]} died: {_first_line(exc)}")
+
+    def call(self, method: str, args: dict[int, tuple], timeout_s: float | None = None) -> dict:
+        """Call ``method`` on the given shards at once; results by shard.
+
+        Errors are raised in shard order, as the inline backend meets them: a user error raised in
+        a shard is re-raised here unchanged; a lost shard becomes a BackendError naming it.
+        """
+        ray = self.ray
+        refs = {i: getattr(self.actors[i], method).remote(*a) for i, a in args.items()}
+        order = sorted(refs)
+        pending = [refs[i] for i in order]
+        try:  # the usual case, in one Ray call: every shard answers well within CHECK_EVERY_S
+            return dict(zip(order, ray.get(pending, timeout=CHECK_EVERY_S), strict=True))
+        except ray.exceptions.RayError:
+            pass  # slow, timed out or failed: sort it out below, in shard order
+        started = time.monotonic()
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=CHECK_EVERY_S)
+            if not pending:
+                break
+            waiting = set(pending)
+            for i in order:  # a dead shard ends the round at once, whatever the others do
+                if refs[i] not in waiting:
+                    self._raise_if_lost(i, refs[i])
+            late = [i for i in order if refs[i] in waiting]
+            if timeout_s is not None:
+                if time.monotonic() - started > timeout_s:
+                    i = late[0]
+                    raise BackendError(f"shard {i} on host {self.hosts[i]} did not start within {timeout_s:.0f} s "
+                                       "(no free CPU there, or its worker process failed)")  # fmt: skip
+            else:
+                self.check_alive(late)
+        results = {}
+        for i in order:
+            try:
+                results[i] = ray.get(refs[i])
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, EmulatorError):
+                    raise cause from None
+                raise
+            except ray.exceptions.RayError as exc:
+                raise self.lost(i, exc) from None
+        return results
+
+    def _raise_if_lost(self, index: int, ref) -> None:
+        try:
+            self.ray.get(ref, timeout=0)
+        except self.ray.exceptions.RayTaskError:
+            pass  # raised in shard order once every shard has answered
+        except self.ray.exceptions.RayError as exc:
+            raise self.lost(index, exc) from None
+
+    def check_alive(self, indices: list[int]) -> None:
+        """Ping shards busy in a long round (their control thread answers at once)."""
+        ray = self.ray
+        pings = {i: self.actors[i].ping.remote() for i in indices}
+        _, silent = ray.wait(list(pings.values()), num_returns=len(pings), timeout=PING_TIMEOUT_S)
+        for i, ref in pings.items():
+            if ref in silent:
+                raise BackendError(f"shard {i} on host {self.hosts[i]} stopped answering for {PING_TIMEOUT_S:.0f} s "
+                                   "(host lost or process frozen)")  # fmt: skip
+            self._raise_if_lost(i, ref)
+
+    def kill(self) -> None:
+        self._kill(self.actors)
+
+    def _kill(self, actors: list) -> None:
+        for actor in actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # already gone with its host: nothing left to free
+                pass
+
+
+def _program_source(config) -> bytes | None:
+    if config.program is None:
+        return None
+    try:
+        return Path(config.program.rsplit(":", 1)[0]).read_bytes()
+    except OSError:
+        return None  # resolve_program in the shard reports the missing file
+
+
+def run_ray(config, topo, shards: int, address: str | None = None, observer: Observer | None = None,
+            trace_ranks=(), cpus_per_shard: float = 1.0) -> RunResult:  # fmt: skip
+    """Run ``config`` on ``shards`` Ray actors; the same results as ``run_inline``."""
+    ray = import_ray()
+    connect(ray, address)
+    layout, rank_shard = shard_layout(topo, shards)
+    pool = ShardPool(ray, place_shards(ray, len(layout), cpus_per_shard))
+    try:
+        pool.describe()
+        result = _drive(ray, pool, config, topo, layout, rank_shard, observer, trace_ranks)
+    except BaseException as exc:
+        pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)
+        if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
+            raise BackendError(f"Ray failed during the run: {_first_line(exc)}") from None
+        raise  # the run's own errors, and bugs (RayTaskError) with their remote traceback
+    pool.release()
+    result.extra["shard_hosts"] = list(pool.hosts)
+    result.extra["shard_nodes"] = [pool.info[i]["node_id"] for i in range(len(layout))]
+    return result
+
+
+def _drive(ray, pool: ShardPool, config, topo, layout, rank_shard, observer, trace_ranks) -> RunResult:
+    n = len(layout)
+    config_ref, rank_shard_ref = ray.put(config), ray.put(rank_shard)
+    source = _program_source(config)
+    started = pool.call("start", {i: (config_ref, layout[i], rank_shard_ref, i, tuple(trace_ranks), source)
+                                  for i in range(n)})  # fmt: skip
+    nexts = [started[i] for i in range(n)]
+    # run_rounds' step: one unobserved shard runs to the end in one call
+    step = (WINDOW_NS if observer is not None else INF) if n == 1 else topo.min_cross_node_latency_ns()
+    inbox: list[list[bytes]] = [[] for _ in range(n)]
+    rounds = cross = 0
+    t_min = 0.0
+    last_observed = time.monotonic()
+    while True:
+        # a shard's next event is its own or the earliest record just routed to it
+        t_min = min(nexts)
+        if t_min == INF:
+            break
+        horizon = t_min + step
+        due = observer is not None and time.monotonic() - last_observed >= OBSERVE_EVERY_S
+        # a shard with no event before the horizon and nothing inbound would do nothing: skip it
+        # (the first round flushes what the programs sent while starting)
+        active = [i for i in range(n) if rounds == 0 or due or inbox[i] or nexts[i] < horizon]
+        results = pool.call("step", {i: (horizon, inbox[i], due) for i in active})
+        rounds += 1
+        for i in active:
+            inbox[i] = []
+            nexts[i] = results[i][0]
+        for i in active:  # source-shard order, as run_rounds delivers
+            for dst, (count, earliest, blob) in sorted(results[i][1].items()):
+                cross += count
+                inbox[dst].append(blob)
+                nexts[dst] = min(nexts[dst], earliest)
+        if due:
+            last_observed = time.monotonic()
+            observer.update(rounds, t_min, [results[i][2] for i in range(n)])
+    finished = pool.call("finish", {i: () for i in range(n)})
+    if observer is not None:
+        observer.update(rounds, t_min, [finished[i][2] for i in range(n)])
+    raise_for_stuck([b for i in range(n) for b in finished[i][0]])
+    return merge(topo.world_size, [finished[i][1] for i in range(n)], rounds, cross)

@@ -1,0 +1,158 @@
+"""One shard of a run inside a Ray actor: the engine's ``Shard``, advanced one round per remote call.
+
+    emulator run configs/examples/data-parallel.yaml --backend ray --shards 2   # creates these actors
+
+The actor rebuilds everything from the picklable ``RunConfig`` (topology, program, shard), so the
+engine code that runs here is exactly the inline backend's. One call per round does the whole
+round for this shard: deliver the inbound batches, process events before the horizon, and return
+the outbound batches (one msgpack blob per destination shard) with the time of its next event.
+A small ``control`` thread answers pings while a long round runs, so the driver can tell a busy
+shard from a lost host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import msgpack
+import ray
+
+from emulator.engine.shard import Shard
+from emulator.programs import forget_program, resolve_program
+from emulator.summary import export_shard
+from netmodel.topology import Topology
+
+_BIG_INT = 1  # msgpack extension code for integers beyond 64 bits (a collective signature can be)
+_PACKAGES = ("emulator", "netmodel", "actors")
+
+
+def _pack_big(value: int) -> msgpack.ExtType:
+    return msgpack.ExtType(_BIG_INT, str(value).encode())
+
+
+def _unpack_ext(code: int, data: bytes) -> int:
+    assert code == _BIG_INT, code
+    return int(data)
+
+
+def encode_records(records: list) -> bytes:
+    """One destination's records as one msgpack blob (flat tuples of ints, order kept)."""
+    try:
+        return msgpack.packb(records)
+    except OverflowError:
+        fixed = [tuple(_pack_big(v) if isinstance(v, int) and not -(2**63) <= v < 2**64 else v for v in rec)
+                 for rec in records]  # fmt: skip
+        return msgpack.packb(fixed)
+
+
+def decode_records(blob: bytes) -> list:
+    """Inverse of :func:`encode_records`: a list of tuples."""
+    return list(msgpack.unpackb(blob, use_list=False, ext_hook=_unpack_ext))
+
+
+@functools.cache
+def code_digest() -> str:
+    """Digest of the engine's source files when this process first asked (about when it imported
+    them): every shard must run the code the driver runs."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for package in _PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def localise_program(config, source: bytes | None):
+    """Point ``config.program`` at the driver's copy of the program file.
+
+    The driver ships the file's bytes with every run, so a program edited on the driver's host
+    reaches every host on the next run; a host whose file differs (or lacks it) runs a private
+    copy instead of a stale one.
+    """
+    if config.program is None or source is None:
+        return config
+    file_part, func = config.program.rsplit(":", 1)
+    path = Path(file_part)
+    try:
+        if path.read_bytes() == source:
+            return config
+    except OSError:
+        pass
+    folder = Path(tempfile.gettempdir()) / "emulator-programs" / hashlib.sha256(source).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / path.name
+    if not target.is_file():
+        partial = folder / f".{path.name}.{os.getpid()}"
+        partial.write_bytes(source)
+        os.replace(partial, target)  # atomic: shards of one host may race here
+    return dataclasses.replace(config, program=f"{target}:{func}")
+
+
+class ShardHost:
+    """The actor's body, a plain class (the Ray actor is ``ShardActor`` below)."""
+
+    def __init__(self) -> None:
+        self.shard: Shard | None = None
+        self.program_digests: dict[str, str] = {}  # actors serve several runs of one driver
+        code_digest()
+
+    def describe(self) -> dict:
+        """Where this shard lives and which code it runs (checked against the driver's)."""
+        return {
+            "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "code": code_digest(),
+        }
+
+    def start(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks=(),
+              program_source: bytes | None = None) -> float:  # fmt: skip
+        """Build the shard and run every program to its first suspension; returns the next event time."""
+        config = localise_program(config, program_source)
+        if program_source is not None:  # an edited program is imported again, as a new driver would
+            digest = hashlib.sha256(program_source).hexdigest()
+            if self.program_digests.get(config.program, digest) != digest:
+                forget_program(config.program)
+            self.program_digests[config.program] = digest
+        program, args = resolve_program(config)
+        self.shard = Shard(Topology(config.cluster), ranks, rank_shard, index, program, config, args, trace_ranks)
+        self.shard.start()
+        return self.shard.next_time()
+
+    def step(self, horizon: float, inbound: list[bytes], want_stats: bool) -> tuple:
+        """One round: deliver ``inbound`` (blobs in source-shard order), run before ``horizon``.
+
+        Returns ``(next_time, {dst: (count, earliest_time, blob)}, live_stats or None)``.
+        """
+        shard = self.shard
+        for blob in inbound:
+            shard.deliver(decode_records(blob))
+        out = shard.run_until(horizon)
+        batches = {dst: (len(recs), min(r[0] for r in recs), encode_records(recs)) for dst, recs in out.items() if recs}
+        return shard.next_time(), batches, (self.live_stats() if want_stats else None)
+
+    def live_stats(self) -> dict:
+        return {**self.shard.live_stats(), "pid": os.getpid(), "host": socket.gethostname()}
+
+    def finish(self) -> tuple[list[dict], dict, dict]:
+        """What every unfinished rank is blocked on, the shard's results, its last live figures."""
+        stats = self.live_stats()
+        shard, self.shard = self.shard, None  # the actor may serve the driver's next run
+        return shard.blocked(), export_shard(shard), stats
+
+    @ray.method(concurrency_group="control")
+    def ping(self) -> int:
+        return os.getpid()
+
+
+# One thread runs every engine call (greenlets stay on the thread that made them); "control" is
+# a second thread for pings, so a shard busy in a long round still answers.
+ShardActor = ray.remote(concurrency_groups={"control": 1})(ShardHost)

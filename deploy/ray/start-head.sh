@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Start the Ray head on the host that runs `emulator run` (the driver: it routes every round).
+#
+#   deploy/ray/start-head.sh [NUM_CPUS] [more `ray start` flags, e.g. --block]
+#
+# NUM_CPUS is how many shards this host takes (one core each); the default leaves one core to the
+# driver. Every port is fixed so that a firewall can let exactly these through (docs/ray.md,
+# "Run on four hosts"); a flag given after NUM_CPUS overrides the one here (the last one wins).
+set -euo pipefail
+cpus=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))
+if [[ $# -gt 0 && "$1" != -* ]]; then cpus="$1"; shift; fi
+# Every connection to the cluster presents a shared token (~/.ray/auth_token): make it here once,
+# then copy it to the other hosts and to any machine that submits jobs. RAY_AUTH_MODE=disabled
+# on every host turns this off (a trusted, closed network only).
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+if [[ "$RAY_AUTH_MODE" == token ]]; then ray get-auth-token --generate >/dev/null; fi
+exec ray start --head \
+  --port=6379 \
+  --num-cpus="$cpus" \
+  --dashboard-host=0.0.0.0 --dashboard-port=8265 \
+  --node-manager-port=6380 --object-manager-port=6381 \
+  --runtime-env-agent-port=6382 --dashboard-agent-grpc-port=6383 --dashboard-agent-listen-port=52365 \
+  --metrics-export-port=8090 \
+  --min-worker-port=10002 --max-worker-port=10999 \
+  --disable-usage-stats \
+  "$@"

@@ -1,0 +1,201 @@
+"""The Ray backend against the inline one: identical results, the same errors, lost shards.
+
+PYTHONPATH=. python -m pytest -q tests/actors -m ray
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emulator.config.loader import load_run
+from emulator.config.schema import RunConfig
+from emulator.config.typed import from_dict
+from emulator.errors import BackendError, CollectiveMismatchError, DeadlockError, OutOfMemoryError
+from emulator.run import execute
+from tests.conftest import CONFIGS, ROOT, cluster_dict
+
+pytestmark = pytest.mark.ray
+
+WALL_CLOCK = {"backend", "wall_time_s", "speed_ratio", "events_per_s"}  # differ by design
+PROGRAMS = Path(__file__).with_name("programs.py")
+
+
+def figures(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in WALL_CLOCK}
+
+
+def identity_cases() -> dict:
+    """data-parallel.yaml on 4 nodes, point-to-point ping-pong, and pipeline chains plus
+    data-parallel all-reduces that cross shard boundaries (tests/actors/programs.py)."""
+    pipeline = {
+        "name": "pipe",
+        "cluster": cluster_dict(nodes=4, gpus=4),
+        "program": f"{PROGRAMS}:pipeline_data_parallel",
+    }
+    return {
+        "data-parallel": load_run(CONFIGS / "examples/data-parallel.yaml",
+                                  ["cluster.nodes=4", "program_args.iterations=2", "program_args.grad_bytes=67108864"]),
+        "ping-pong": load_run(CONFIGS / "examples/ping-pong.yaml", ["program_args.iterations=2"]),
+        "pipeline": from_dict(RunConfig, pipeline, ""),
+    }  # fmt: skip
+
+
+class Recorder:
+    """An observer that keeps what it is told."""
+
+    def __init__(self):
+        self.updates = []
+
+    def update(self, rounds, virtual_time_ns, shard_stats):
+        self.updates.append((rounds, [s["shard"] for s in shard_stats]))
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+def test_identical_results_inline_and_on_ray(ray_cluster, shards):
+    """Every figure of summary.json (wall clock aside) and the fingerprint match the inline run."""
+    for name, config in identity_cases().items():
+        reference, _, _ = execute(config, "inline", 1)
+        inline, _, _ = execute(config, "inline", shards)
+        recorder = Recorder()
+        on_ray, result, _ = execute(config, "ray", shards, observer=recorder if shards > 1 else None)
+        assert on_ray["backend"] == "ray" and on_ray["shards"] == shards
+        assert figures(on_ray) == figures(inline), name
+        assert on_ray["fingerprint"] == reference["fingerprint"], name
+        if shards > 1:  # shards pinned across the cluster's two Ray nodes; live figures seen
+            assert len(set(result.extra["shard_nodes"])) == 2, name
+            assert recorder.updates[-1] == (on_ray["rounds"], list(range(shards)))
+        if name == "pipeline" and shards > 1:
+            assert on_ray["cross_shard_messages"] > 0
+
+
+def test_observed_single_shard_slices_time_like_inline(ray_cluster):
+    """One observed shard advances in the inline backend's slices: same rounds, same figures."""
+    import ray
+
+    config = load_run(CONFIGS / "examples/data-parallel.yaml", ["program_args.grad_bytes=67108864"])
+    inline, _, _ = execute(config, "inline", 1, observer=Recorder())
+    on_ray, result, _ = execute(config, "ray", 1, observer=Recorder())
+    assert figures(on_ray) == figures(inline) and on_ray["rounds"] > 1
+    assert set(result.extra["shard_nodes"]) <= {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [("deadlock", DeadlockError), ("mismatch", CollectiveMismatchError), ("oom", OutOfMemoryError)],
+)
+def test_user_errors_are_the_inline_ones(ray_cluster, name, error):
+    """Deadlock, collective mismatch and OOM raise the inline backend's exception and message."""
+    config = load_run(CONFIGS / f"examples/{name}.yaml")
+    with pytest.raises(error) as inline:
+        execute(config, "inline", 2)
+    with pytest.raises(error) as on_ray:
+        execute(config, "ray", 2)
+    assert str(on_ray.value) == str(inline.value)
+
+
+class Saboteur:
+    """An observer that sends ``sig`` to shard ``index``'s process at its first update."""
+
+    def __init__(self, index: int, sig: int):
+        self.index, self.sig = index, sig
+        self.pid = None
+        self.at = None
+
+    def update(self, rounds, virtual_time_ns, shard_stats):
+        if self.pid is None:
+            self.pid = shard_stats[self.index]["pid"]
+            self.at = time.monotonic()
+            os.kill(self.pid, self.sig)
+
+
+LONG_RUN = ["cluster.nodes=4", "program_args.iterations=3"]  # seconds of rounds on Ray
+
+
+def test_killed_shard_stops_the_run_naming_it(ray_cluster):
+    """SIGKILL of a shard's process: BackendError naming the shard and host within seconds."""
+    saboteur = Saboteur(1, signal.SIGKILL)
+    with pytest.raises(BackendError, match=r"^shard 1 on host \S+.* died: ") as err:
+        execute(load_run(CONFIGS / "examples/data-parallel.yaml", LONG_RUN), "ray", 2, observer=saboteur)
+    assert saboteur.at is not None and time.monotonic() - saboteur.at < 10
+    assert "\n" not in str(err.value)
+
+
+def test_frozen_shard_is_reported_as_lost(ray_cluster, monkeypatch):
+    """A shard that stops answering pings (a vanished host) stops the run with its name."""
+    import actors.backend
+
+    monkeypatch.setattr(actors.backend, "CHECK_EVERY_S", 0.2)
+    monkeypatch.setattr(actors.backend, "PING_TIMEOUT_S", 1.0)
+    saboteur = Saboteur(0, signal.SIGSTOP)
+    try:
+        with pytest.raises(BackendError, match=r"^shard 0 on host \S+.* stopped answering"):
+            execute(load_run(CONFIGS / "examples/data-parallel.yaml", LONG_RUN), "ray", 2, observer=saboteur)
+        assert time.monotonic() - saboteur.at < 10
+    finally:
+        if saboteur.pid is not None:
+            os.kill(saboteur.pid, signal.SIGKILL)
+
+
+def test_cli_runs_on_ray_and_writes_the_run_dir(ray_cluster, tmp_path):
+    """``emulator run --backend ray --shards 2`` (reusing the session's Ray) writes both files."""
+    from emulator.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", str(CONFIGS / "examples/ping-pong.yaml"), "--backend", "ray", "--shards", "2",
+                 "--set", "program_args.iterations=1", "--out", str(out), "--quiet"]) == 0  # fmt: skip
+    assert (out / "config.yaml").is_file() and '"backend": "ray"' in (out / "summary.json").read_text()
+
+
+def test_unreachable_address_is_one_line(tmp_path):
+    """A closed port: exit 2 and one 'cannot connect' line, in seconds, config.yaml kept."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nobody listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "emulator", "run", "configs/examples/ping-pong.yaml", "--backend",
+                           "ray", "--address", f"127.0.0.1:{port}", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [lines[0]] and re.match(rf"error: cannot connect to Ray at 127.0.0.1:{port}: ", lines[0])
+    assert time.monotonic() - started < 20
+    assert (out / "config.yaml").is_file()
+
+
+class Pids:
+    """An observer that keeps each shard's process id."""
+
+    def __init__(self):
+        self.pids = {}
+
+    def update(self, rounds, virtual_time_ns, shard_stats):
+        self.pids.update({s["shard"]: s["pid"] for s in shard_stats})
+
+
+def test_kept_actors_rerun_edited_programs_and_survive_a_lost_one(ray_cluster, tmp_path):
+    """Actors kept between runs import an edited program again, and a kept actor that died is replaced."""
+    program = tmp_path / "step.py"
+    body = "def main(gpu):\n    gpu.compute('f', duration_ns={})\n    gpu.all_reduce(1 << 20)\n"
+    program.write_text(body.format(1000))
+    config = from_dict(RunConfig, {"program": f"{program}:main", "cluster": cluster_dict(nodes=2, gpus=2)}, "")
+    first, second = Pids(), Pids()
+    before, _, _ = execute(config, "ray", 2, observer=first)
+    program.write_text(body.format(9000))
+    edited, _, _ = execute(config, "ray", 2, observer=second)
+    assert second.pids == first.pids  # the same actors served both runs
+    assert edited["sim_time_s"] == pytest.approx(before["sim_time_s"] + 8e-6)
+    os.kill(second.pids[1], signal.SIGKILL)  # a kept, idle actor dies between runs
+    again, _, _ = execute(config, "ray", 2)
+    assert figures(again) == figures(edited)
