@@ -3,7 +3,9 @@ package never reads anything outside itself at run time)."""
 
 from __future__ import annotations
 
-KORTHIKANTI = "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198)"
+KORTHIKANTI = (
+    "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198)"
+)
 
 # Table 5: iteration time in seconds; Selene, DGX A100 80GB, 8x HDR per node, data parallel 1,
 # seq 2048, vocab 51200; 175B and 530B use the interleaved schedule with 3 model chunks.

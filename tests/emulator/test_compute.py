@@ -8,6 +8,7 @@ from emulator.errors import ConfigError
 from emulator.hardware.compute import eff_flops, eff_mem, op_duration_ns
 from emulator.hardware.gpus import GPU_TYPES, get_gpu
 
+
 def isolated(name: str):
     """The catalogue entry as an isolated kernel sees it (no sustained-in-training factor)."""
     return dataclasses.replace(get_gpu(name), sustained_fraction=1.0)

@@ -72,8 +72,10 @@ def test_both_homogeneous_and_groups_is_an_error(tmp_path):
         load_run(_write(tmp_path, text))
 
 
-@pytest.mark.parametrize("path", sorted((CONFIGS / "runs").glob("*.yaml")) + sorted((CONFIGS / "examples").glob("*.yaml")),
-                         ids=lambda p: p.name)  # fmt: skip
+SHIPPED_RUNS = sorted((CONFIGS / "runs").glob("*.yaml")) + sorted((CONFIGS / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_RUNS, ids=lambda p: p.name)
 def test_every_shipped_run_validates(path):
     """Every shipped run file loads and validates."""
     config = load_run(path)

@@ -71,7 +71,8 @@ def test_missing_collective_member_is_a_mismatch(run):
 
 def test_out_of_memory_names_rank_time_and_sizes():
     config = load_run(CONFIGS / "examples" / "oom.yaml")
-    with pytest.raises(OutOfMemoryError, match=r"out of memory on rank 0 at t=.*activations\.5 \(16\.00 GiB\).*80\.00 GiB"):
+    pattern = r"out of memory on rank 0 at t=.*activations\.5 \(16\.00 GiB\).*80\.00 GiB"
+    with pytest.raises(OutOfMemoryError, match=pattern):
         execute(config)
 
 

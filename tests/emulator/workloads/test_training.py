@@ -57,8 +57,8 @@ def test_pipeline_bubble_closed_form():
 
 
 def test_zero2_reduce_scatters_and_gathers_over_data_parallel():
-    summary, result, _ = execute(load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml", ["training.iterations=1",
-                                                                                        "training.global_batch_size=128"]))  # fmt: skip
+    overrides = ["training.iterations=1", "training.global_batch_size=128"]
+    summary, result, _ = execute(load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml", overrides))
     assert set(result.kind_hist) == {"reduce_scatter", "all_gather"}
     assert summary["mfu"] > 0.05
     assert summary["peak_memory_bytes_by_stage"]["0"] == summary["predicted_peak_memory_bytes_by_stage"]["0"]
