@@ -104,6 +104,11 @@ class ClusterConfig:
             require(len(set(names)) == len(names), f"{path}.node_groups: names must be unique, got {names}")
         else:
             require(self.nodes is not None, f"missing key '{path}.nodes' (or give '{path}.node_groups')")
+            require(self.nodes >= 1, f"{path}.nodes must be >= 1, got {self.nodes}")
+            require(
+                self.gpus_per_node is None or self.gpus_per_node >= 1,
+                f"{path}.gpus_per_node must be >= 1, got {self.gpus_per_node}",
+            )
         spans = self.tier_spans()
         for i in range(1, len(spans)):
             require(

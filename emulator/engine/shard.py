@@ -386,14 +386,30 @@ class Shard:
         del self.rendezvous[key]
         topo = self.topo
         node = topo.rank_node[call.ranks[0]]
-        links = [link for g, _ in arrived for link in (topo.su_tx[g.rank], topo.su_rx[g.rank])]
+        ranks = call.ranks
+        links = [link for r in ranks for link in (topo.su_tx[r], topo.su_rx[r])]
         bw = min(topo.link_bw[link] for link in links)
         duration, messages, msg_bytes = closed_form(op.b.name, call, bw, topo.su_latency_ns[node])
         free = self.link_free
         start = max(t, max(free[link] for link in links))
         end = start + duration
-        per_link = messages // call.n  # chains (broadcast/reduce) spread evenly over the members' ports
-        self.stats.collective(links, per_link, msg_bytes, per_link * int(-(-msg_bytes // bw)), start - t, end, free)
+        if call.op in ("broadcast", "reduce") and call.n > 1:
+            # a chain from the root (broadcast) or to it (reduce): the end that has no peer
+            # neither sends nor receives on that side
+            at = call.root_index
+            chain = ranks[at:] + ranks[:at]
+            if call.op == "reduce":
+                chain = chain[1:][::-1] + chain[:1]
+            per = messages // (call.n - 1)
+            senders, receivers = chain[:-1], chain[1:]
+        else:
+            per = messages // call.n
+            senders = receivers = ranks
+        busy = per * int(-(-msg_bytes // bw))
+        self.stats.collective([topo.su_tx[r] for r in senders], per, msg_bytes, busy, start - t, end, free)
+        self.stats.collective([topo.su_rx[r] for r in receivers], per, msg_bytes, busy, start - t, end, free)
+        for link in links:
+            free[link] = end  # every member's ports are held for the whole collective
         self.stats.messages(0, msg_bytes, call.op, start, messages, end)
         for member, member_op in arrived:
             self._push(end, EV_OP_DONE, member, member_op)

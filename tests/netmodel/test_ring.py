@@ -40,6 +40,8 @@ def test_fast_path_matches_message_level(run, op):
     assert fast["sim_time_s"] == pytest.approx(ref["sim_time_s"], rel=0.01)
     assert fast["bytes_by_tier"] == ref["bytes_by_tier"]
     assert fast["message_size_histogram"] == ref["message_size_histogram"]
+    # per link: every port carries what the message-level expansion puts on it
+    assert {link: v[0] for link, v in fast_result.links.items()} == {link: v[0] for link, v in ref_result.links.items()}
 
 
 def test_two_flows_sharing_a_link_take_twice_as_long(run):
