@@ -85,3 +85,8 @@ def test_every_shipped_run_validates(path):
 @pytest.mark.parametrize("path", sorted((CONFIGS / "clusters").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_cluster_preset_validates(path):
     assert load_cluster(str(path)).world_size >= 8
+
+
+def test_zero_nodes_is_rejected():
+    with pytest.raises(ConfigError, match=r"cluster\.nodes must be >= 1, got 0"):
+        load_run(CONFIGS / "examples" / "data-parallel.yaml", ["cluster.nodes=0"])
