@@ -24,7 +24,11 @@ class ShardLike(Protocol):
 
 
 class Observer(Protocol):
-    """Receives live progress (Prometheus exporter, progress bar); never changes results."""
+    """Receives live progress (Prometheus exporter, progress bar); never changes results.
+
+    An observer may also define ``note_cross_shard_messages(total: int)``: it is then called just
+    before each ``update`` with the number of cross-shard messages exchanged so far.
+    """
 
     def update(self, rounds: int, virtual_time_ns: float, shard_stats: list[dict]) -> None: ...
 
@@ -80,7 +84,14 @@ def run_rounds(
                 shards[dst].deliver(records)
         if observer is not None and time.monotonic() - last_observed >= observe_every_s:
             last_observed = time.monotonic()
-            observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+            _observe(observer, stats, t_min, shards)
     if observer is not None:
-        observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+        _observe(observer, stats, t_min, shards)
     return stats
+
+
+def _observe(observer: Observer, stats: RoundStats, t_min: float, shards: Sequence[ShardLike]) -> None:
+    note = getattr(observer, "note_cross_shard_messages", None)
+    if note is not None:
+        note(stats.cross_shard_messages)
+    observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
