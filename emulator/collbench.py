@@ -79,13 +79,15 @@ def collbench(cluster, op: str, gpus: int, algo: str | None, sizes: list[int]) -
         result = run_inline(config, topo, program=_bench_program, args=args)
         t_ns = max(r.final_time_ns for r in result.ranks[:gpus])
         algbw = size / t_ns if t_ns else 0.0  # bytes per ns == GB/s
-        rows.append({
-            "size_bytes": size,
-            "time_us": t_ns / 1e3,
-            "algbw_GBps": algbw,
-            "busbw_GBps": algbw * BUSBW_FACTOR[op](gpus),
-            "events": result.events,
-        })
+        rows.append(
+            {
+                "size_bytes": size,
+                "time_us": t_ns / 1e3,
+                "algbw_GBps": algbw,
+                "busbw_GBps": algbw * BUSBW_FACTOR[op](gpus),
+                "events": result.events,
+            }
+        )
     return rows
 
 

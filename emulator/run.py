@@ -1,6 +1,6 @@
 """Run orchestration: pick a backend, run, write the run directory.
 
-    emulator run configs/examples/ring.yaml --out runs/ring
+emulator run configs/examples/ring.yaml --out runs/ring
 """
 
 from __future__ import annotations

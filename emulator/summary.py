@@ -21,6 +21,7 @@ class RankResult:
     peak_memory_bytes: int
     marks_ns: list[int]
     wait_ns: dict[str, dict[str, int]]  # stream -> {stream it waited on: ns}
+    flops: float = 0.0  # FLOPs of the compute ops it ran
 
 
 @dataclass
@@ -50,7 +51,18 @@ def export_shard(shard) -> dict:
     owned_links = [i for i, node in enumerate(topo.link_node) if node in owned_nodes]
     data = shard.stats.export(owned_links)
     data["ranks"] = [
-        (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks), g.wait_ns)
+        (
+            g.rank,
+            g.node,
+            g.last_time,
+            g.ops_done,
+            g.compute_ns,
+            g.comm_ns,
+            g.mem_peak,
+            list(g.marks),
+            g.wait_ns,
+            g.flops_done,
+        )
         for g in (shard.gpus[r] for r in sorted(shard.gpus))
     ]
     data["traces"] = {g.rank: g.trace for g in shard.gpus.values() if g.trace is not None}

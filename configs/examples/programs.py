@@ -20,11 +20,14 @@ def data_parallel_step(gpu):
 
 
 def ping_pong(gpu):
-    """Point-to-point: even ranks send to the next odd rank, which answers."""
+    """Point-to-point: each rank of the first half of the cluster sends to its partner in the second
+    half (another node, often another rack), which answers."""
     size = gpu.args.get("size", 1 << 20)
-    peer = gpu.rank + 1 if gpu.rank % 2 == 0 else gpu.rank - 1
+    half = gpu.world_size // 2
+    first = gpu.rank < half
+    peer = gpu.rank + half if first else gpu.rank - half
     for _ in range(gpu.args.get("iterations", 4)):
-        if gpu.rank % 2 == 0:
+        if first:
             gpu.send(peer, size)
             gpu.recv(peer, size)
         else:

@@ -98,6 +98,15 @@ def _index(key: str, node: list, path: str) -> int:
     return int(key)
 
 
+def _deep_merge(base: dict, extra: dict) -> dict:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
 def load_run_dict(path: str | Path, overrides: list[str] = ()) -> tuple[dict, Path]:
     """The run file as plain data with references resolved and overrides applied."""
     run_path = Path(path)
@@ -107,8 +116,13 @@ def load_run_dict(path: str | Path, overrides: list[str] = ()) -> tuple[dict, Pa
     data = copy.deepcopy(data)
     base = run_path.resolve().parent
     for kind in ("cluster", "model", "parallel", "training"):
-        if isinstance(data.get(kind), str):
-            data[kind], _ = resolve_reference(kind, data[kind], base)
+        value = data.get(kind)
+        if isinstance(value, str):
+            data[kind], _ = resolve_reference(kind, value, base)
+        elif isinstance(value, dict) and isinstance(value.get("from"), str):
+            # {from: preset-or-path, key: value ...}: the referenced config with some keys changed
+            loaded, _ = resolve_reference(kind, value["from"], base)
+            data[kind] = _deep_merge(copy.deepcopy(loaded), {k: v for k, v in value.items() if k != "from"})
     if isinstance(data.get("program"), str) and ":" in data["program"]:
         file_part, func = data["program"].rsplit(":", 1)
         if not Path(file_part).is_absolute() and (base / file_part).is_file():

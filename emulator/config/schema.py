@@ -25,6 +25,9 @@ class ModelConfig:
     vocab_size: int = 51200
     num_query_groups: int | None = None  # grouped-query attention; default = num_attention_heads
     swiglu: bool = False  # gated MLP with three GEMMs (Llama)
+    add_bias_linear: bool = True  # GPT/BLOOM have biases; Llama has none
+    position_embedding: Literal["learned", "rope", "alibi"] = "learned"  # learned adds s*h parameters
+    tie_embeddings: bool = True  # input and output embeddings shared (all-reduced between first and last stage)
 
     def validate(self, path: str) -> None:
         for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
@@ -99,6 +102,9 @@ class EngineConfig:
 
     max_ops_ahead: int = 256  # how far a program may run ahead of its GPU's streams
     timeline_bucket_us: float = 1000.0  # resolution of the bytes-per-tier-over-time record
+    # "intra_node": collectives of groups inside one node complete in closed form (one event per
+    # member instead of 2(n-1) messages); "none": every collective expands into messages (reference)
+    fast_collectives: Literal["intra_node", "none"] = "intra_node"
 
     def validate(self, path: str) -> None:
         require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")

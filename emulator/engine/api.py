@@ -31,15 +31,19 @@ OP_CODES = {name: i for i, name in enumerate(OPS)}
 class Group:
     """A process group: an explicit, ordered list of ranks (ring order for ring algorithms)."""
 
-    __slots__ = ("ranks", "gid", "index", "tier")
+    __slots__ = ("ranks", "gid", "index", "tier", "one_node", "calls")
 
-    def __init__(self, ranks: tuple[int, ...], tier: int):
+    def __init__(self, ranks: tuple[int, ...], tier: int, one_node: bool = False):
         self.ranks = ranks
         # a content digest: the same id on every shard whatever the creation order
         digest = hashlib.blake2b(repr(ranks).encode(), digest_size=8).digest()
         self.gid = int.from_bytes(digest, "big") >> 2 or 1
         self.index = {r: i for i, r in enumerate(ranks)}
         self.tier = tier
+        self.one_node = one_node  # every member in one node: eligible for the intra-node fast path
+        # (op, size, member index, root index, algo) -> (CollectiveCall, algorithm, signature):
+        # programs repeat the same few calls thousands of times
+        self.calls: dict[tuple, tuple] = {}
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -164,17 +168,21 @@ class GPU:
             if root not in group.index:
                 raise ProgramError(f"rank {self.rank}: {op} root {root} is not a member of {group}")
             root_index = group.index[root]
-        algo = algo or self._shard.default_algorithm(op, group)
-        algorithm = get_algorithm(algo, op)
+        key = (op, size_bytes, index, root_index, algo)
+        cached = group.calls.get(key)
+        if cached is None:
+            name = algo or self._shard.default_algorithm(op, group)
+            algorithm = get_algorithm(name, op)
+            call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)
+            # the signature every message of this call carries, so members can check they agree
+            sig = OP_CODES[op] | ALGO_CODES[name] << 4 | root_index << 8 | int(size_bytes) << 28
+            cached = group.calls[key] = (call, algorithm, sig)
+        call, algorithm, sig = cached
         gpu = self._gpu
         seq = gpu.coll_seq.get(group.gid, 0)
         gpu.coll_seq[group.gid] = seq + 1
-        call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)
-        # the signature every message of this call carries, so members can check they agree
-        sig = OP_CODES[op] | ALGO_CODES[algo] << 4 | root_index << 8 | int(size_bytes) << 28
-        name = f"{op} #{seq} on {group} ({size_bytes} B, {algo})"
-        return self._blocking(self._launch(Op(COLL, name, call, algorithm, (group.gid, seq), sig), stream, comm=True),
-                              async_op)  # fmt: skip
+        op_obj = Op(COLL, None, call, algorithm, (group.gid, seq), sig)
+        return self._blocking(self._launch(op_obj, stream, comm=True), async_op)
 
     def _blocking(self, handle: Handle, async_op: bool) -> Handle:
         if not async_op:

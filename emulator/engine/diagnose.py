@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from netmodel.collectives import ALGORITHMS
-from netmodel.collectives.base import OPS
-
 from emulator.engine.ops import COLL, RECV
 from emulator.errors import CollectiveMismatchError, DeadlockError
+from netmodel.collectives import ALGORITHMS
+from netmodel.collectives.base import OPS
 
 ALGOS = sorted(ALGORITHMS)
 
@@ -31,16 +30,16 @@ def blocked_ranks(shard) -> list[dict]:
                 continue
             op = stream.ops[0]
             if op.kind == RECV:
-                waits.append(f"{op.name} on stream {stream.name}")
+                waits.append(f"{op.describe()} on stream {stream.name}")
             elif op.kind == COLL and op.started:
                 peers = sorted({key[3] for key, w in gpu.waiters.items() if getattr(w, "run", None) is not None
                                 and w.run.op is op})  # fmt: skip
-                waits.append(f"{op.name} waiting for rank(s) {_short(peers)}")
-                colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.name, "ranks": list(op.a.ranks)})
+                waits.append(f"{op.describe()} waiting for rank(s) {_short(peers)}")
+                colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.describe(), "ranks": list(op.a.ranks)})
             elif op.deps_left:
-                waits.append(f"{op.name} on stream {stream.name} waiting for another stream")
+                waits.append(f"{op.describe()} on stream {stream.name} waiting for another stream")
             else:
-                waits.append(f"{op.name} on stream {stream.name}")
+                waits.append(f"{op.describe()} on stream {stream.name}")
         result.append({"rank": rank, "time_ns": gpu.last_time, "waits": waits, "colls": colls,
                        "issued": dict(gpu.coll_seq)})  # fmt: skip
     return result
@@ -75,7 +74,8 @@ def raise_for_stuck(blocked: list[dict]) -> None:
                     others.append(f"rank {peer} is in {state}")
             if others:
                 raise CollectiveMismatchError(
-                    f"collective mismatch: rank {b['rank']} is in {coll['name']} but " + "; ".join(others[:4])
+                    f"collective mismatch: rank {b['rank']} is in {coll['name']} but "
+                    + "; ".join(others[:4])
                     + (f" (+{len(others) - 4} more)" if len(others) > 4 else "")
                 )
     parts = [f"rank {b['rank']} (t={b['time_ns'] / 1e9:.6f} s): {'; '.join(b['waits']) or 'no runnable op'}"

@@ -21,8 +21,21 @@ COMM_KINDS = frozenset({SEND, RECV, COLL})
 class Op:
     """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard)."""
 
-    __slots__ = ("kind", "name", "stream", "deps_left", "dependents", "done", "started", "t_start", "t_end",
-                 "a", "b", "c", "d")
+    __slots__ = (
+        "kind",
+        "name",
+        "stream",
+        "deps_left",
+        "dependents",
+        "done",
+        "started",
+        "t_start",
+        "t_end",
+        "a",
+        "b",
+        "c",
+        "d",
+    )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
         self.kind = kind
@@ -37,6 +50,11 @@ class Op:
         self.a, self.b, self.c, self.d = a, b, c, d
 
     def describe(self) -> str:
+        """Readable name; collectives build theirs only when asked (errors, traces)."""
+        if self.name is None and self.kind == COLL:
+            call, (_, seq) = self.a, self.c
+            shown = ",".join(map(str, call.ranks[:8])) + (",..." if len(call.ranks) > 8 else "")
+            self.name = f"{call.op} #{seq} on group[{shown}] ({call.size_bytes} B, {self.b.name})"
         return self.name
 
 

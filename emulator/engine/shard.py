@@ -25,6 +25,7 @@ from emulator.errors import CollectiveMismatchError, EmulatorError, OutOfMemoryE
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
+from netmodel.collectives.analytic import ANALYTIC, closed_form
 
 EV_HANDOVER, EV_STEP, EV_OP_DONE = 0, 1, 2  # also the tie-break priority at equal times
 INF = float("inf")
@@ -71,6 +72,8 @@ class Shard:
         self.stats = ShardStats(topo, int(getattr(getattr(config, "engine", None), "timeline_bucket_us", 1000) * 1000))
         self.link_free = [0] * len(topo.link_bw)
         self.outbox: dict[int, list] = {}
+        self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
+        self.fast_collectives = getattr(getattr(config, "engine", None), "fast_collectives", "none") != "none"
         self.groups: dict[tuple, Group] = {}
         self.events = 0
         self.now = 0
@@ -131,7 +134,7 @@ class Shard:
         g = self.groups.get(ranks)
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
-            g = self.groups[ranks] = Group(ranks, tier)
+            g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
         return g
 
     def default_algorithm(self, op: str, group: Group) -> str:
@@ -239,10 +242,11 @@ class Shard:
             gpu.last_time = t
         if op.kind == COMPUTE:
             gpu.compute_ns += t - op.t_start
+            gpu.flops_done += op.b
         elif op.kind in COMM_KINDS:
             gpu.comm_ns += t - op.t_start
         if gpu.trace is not None:
-            gpu.trace.append((stream.name, op.name, op.kind, op.t_start, t))
+            gpu.trace.append((stream.name, op.describe(), op.kind, op.t_start, t))
         dependents = op.dependents
         if dependents is not None:
             op.dependents = None
@@ -326,7 +330,7 @@ class Shard:
 
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
         """Returns True if the receive waits (its completion is an event)."""
-        src, size, tag = op.a, op.b, op.c
+        src, _size, tag = op.a, op.b, op.c
         k = gpu.p2p_recv.get((src, tag), 0)
         gpu.p2p_recv[(src, tag)] = k + 1
         key = (0, tag, 0, src, k)
@@ -350,6 +354,9 @@ class Shard:
 
     # -- collectives ---------------------------------------------------------------------------
     def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
+            self._rendezvous(gpu, op, t)
+            return
         channels = op.b.channels(op.a, self.topo)
         run = CollRun(op, len(channels))
         if not channels:
@@ -357,6 +364,39 @@ class Shard:
             return
         for it in channels:
             self._step(gpu, Chan(run, it), t)
+
+    def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        """Fast path for a group inside one node (hence one shard): see netmodel/collectives/analytic."""
+        key = op.c
+        arrived = self.rendezvous.get(key)
+        if arrived is None:
+            arrived = self.rendezvous[key] = []
+        if arrived and arrived[0][1].d != op.d:
+            from emulator.engine.diagnose import describe_sig
+
+            other = arrived[0]
+            raise CollectiveMismatchError(
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.describe()} but rank {other[0].rank} "
+                f"issued {describe_sig(other[1].d)} as call #{key[1]} on the same group"
+            )
+        arrived.append((gpu, op))
+        call = op.a
+        if len(arrived) < call.n:
+            return
+        del self.rendezvous[key]
+        topo = self.topo
+        node = topo.rank_node[call.ranks[0]]
+        links = [link for g, _ in arrived for link in (topo.su_tx[g.rank], topo.su_rx[g.rank])]
+        bw = min(topo.link_bw[link] for link in links)
+        duration, messages, msg_bytes = closed_form(op.b.name, call, bw, topo.su_latency_ns[node])
+        free = self.link_free
+        start = max(t, max(free[link] for link in links))
+        end = start + duration
+        per_link = messages // call.n  # chains (broadcast/reduce) spread evenly over the members' ports
+        self.stats.collective(links, per_link, msg_bytes, per_link * int(-(-msg_bytes // bw)), start - t, end, free)
+        self.stats.messages(0, msg_bytes, call.op, start, messages)
+        for member, member_op in arrived:
+            self._push(end, EV_OP_DONE, member, member_op)
 
     def _step(self, gpu: VirtualGPU, chan: Chan, t: int) -> None:
         run = chan.run
@@ -403,7 +443,7 @@ class Shard:
             from emulator.engine.diagnose import describe_sig
 
             raise CollectiveMismatchError(
-                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.name} but rank {peer} "
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.describe()} but rank {peer} "
                 f"issued {describe_sig(sig)} as call #{run.seq} on the same group"
             )
 

@@ -40,25 +40,43 @@ class ShardStats:
             if wait > self.link_max_wait_ns[link]:
                 self.link_max_wait_ns[link] = wait
 
+    def collective(self, links, messages: int, msg_bytes: int, busy_ns: int, wait_ns: int, end: int,
+                   free: list) -> None:  # fmt: skip
+        """Account a fast-path collective: each member link carries ``messages`` of ``msg_bytes``."""
+        for link in links:
+            free[link] = end
+            self.link_bytes[link] += messages * msg_bytes
+            self.link_busy_ns[link] += busy_ns
+            self.link_messages[link] += messages
+            if wait_ns > self.link_max_wait_ns[link]:
+                self.link_max_wait_ns[link] = wait_ns
+
     def message(self, tier: int, size: int, kind: str, t: int) -> None:
-        self.tier_bytes[tier] += size
-        self.tier_messages[tier] += 1
+        self.messages(tier, size, kind, t, 1)
+
+    def messages(self, tier: int, size: int, kind: str, t: int, count: int) -> None:
+        """Account ``count`` messages of ``size`` bytes sent on ``tier`` at ``t``."""
+        self.tier_bytes[tier] += size * count
+        self.tier_messages[tier] += count
         bucket = (size - 1).bit_length() if size > 0 else 0
         hist = self.size_hist[tier]
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         hist = self.kind_hist.get(kind)
         if hist is None:
             hist = self.kind_hist[kind] = {}
-        hist[bucket] = hist.get(bucket, 0) + 1
+        hist[bucket] = hist.get(bucket, 0) + count
         line = self.timeline[tier]
         slot = t // self.bucket_ns
-        line[slot] = line.get(slot, 0) + size
+        line[slot] = line.get(slot, 0) + size * count
 
     def export(self, owned_links) -> dict:
         """Plain data for the owned links (each link is owned by exactly one shard)."""
         return {
-            "links": {i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
-                      for i in owned_links if self.link_messages[i]},  # fmt: skip
+            "links": {
+                i: (self.link_bytes[i], self.link_busy_ns[i], self.link_messages[i], self.link_max_wait_ns[i])
+                for i in owned_links
+                if self.link_messages[i]
+            },  # fmt: skip
             "tier_bytes": list(self.tier_bytes),
             "tier_messages": list(self.tier_messages),
             "size_hist": [dict(h) for h in self.size_hist],

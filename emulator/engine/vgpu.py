@@ -29,7 +29,7 @@ class VirtualGPU:
         "rank", "node", "spec", "capacity_bytes", "streams", "pending_waits", "outstanding",
         "greenlet", "suspended", "sync_op", "finished", "seq", "msg_seq", "mailbox", "waiters",
         "coll_seq", "p2p_send", "p2p_recv", "mem_used", "mem_peak", "allocations", "marks",
-        "ops_done", "compute_ns", "comm_ns", "last_time", "wait_ns", "trace",
+        "ops_done", "compute_ns", "flops_done", "comm_ns", "last_time", "wait_ns", "trace",
     )  # fmt: skip
 
     def __init__(self, rank: int, node: int, spec, capacity_bytes: int):
@@ -57,6 +57,7 @@ class VirtualGPU:
         self.marks: list[int] = []  # virtual time of each iteration boundary
         self.ops_done = 0
         self.compute_ns = 0
+        self.flops_done = 0.0  # FLOPs of the compute ops completed (hardware FLOPs)
         self.comm_ns = 0
         self.last_time = 0  # completion time of the latest op
         # time a stream's head waited for another stream, by stream: {"compute": {"pp": ns, "dp": ns}}

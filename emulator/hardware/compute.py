@@ -64,7 +64,8 @@ def _rates(gpu: GpuSpec, kind: str, precision: str) -> tuple[float, float, float
     if kind == "elementwise":
         peak = gpu.vector_flops_per_s
     mem_rate = gpu.hbm_bandwidth_bytes_per_s * gpu.memory_efficiency_max
-    entry = (1.0 / (peak * eff_max), half_flops, 1.0 / mem_rate, gpu.memory_half_bytes, gpu)
+    sustained = gpu.sustained_fraction
+    entry = (1.0 / (peak * eff_max * sustained), half_flops, 1.0 / (mem_rate * sustained), gpu.memory_half_bytes, gpu)
     _RATES[(id(gpu), kind, precision)] = entry
     return entry
 

@@ -1,12 +1,19 @@
 """Roofline compute model: closed forms, efficiency curves, errors."""
 
+import dataclasses
+
 import pytest
 
 from emulator.errors import ConfigError
 from emulator.hardware.compute import eff_flops, eff_mem, op_duration_ns
 from emulator.hardware.gpus import GPU_TYPES, get_gpu
 
-A100 = get_gpu("a100-sxm-80gb")
+def isolated(name: str):
+    """The catalogue entry as an isolated kernel sees it (no sustained-in-training factor)."""
+    return dataclasses.replace(get_gpu(name), sustained_fraction=1.0)
+
+
+A100 = isolated("a100-sxm-80gb")
 
 # published.yaml max_achievable_matmul_bf16: GPU -> (m, n, k, published efficiency).
 LARGEST_GEMMS = {
@@ -70,7 +77,7 @@ def test_efficiency_curves_monotone_and_bounded(name):
 def test_largest_gemms_reach_published_efficiency(name):
     """The published max-achievable GEMM shape runs within 3% of its published efficiency."""
     m, n, k, published = LARGEST_GEMMS[name]
-    gpu = get_gpu(name)
+    gpu = isolated(name)
     flops = 2.0 * m * n * k
     duration_s = op_duration_ns(gpu, flops, 2.0 * (m * k + k * n + m * n)) * 1e-9
     achieved = flops / duration_s / gpu.peak_flops_per_s["bf16"]
@@ -79,7 +86,7 @@ def test_largest_gemms_reach_published_efficiency(name):
 
 def test_precision_selects_the_peak():
     """fp8 is faster than bf16 on H100, fp32 (TF32) slower."""
-    h100 = get_gpu("h100-sxm-80gb")
+    h100 = isolated("h100-sxm-80gb")
     flops = 1e14
     bf16 = op_duration_ns(h100, flops, 0, precision="bf16")
     assert op_duration_ns(h100, flops, 0, precision="fp8") < bf16 < op_duration_ns(h100, flops, 0, precision="fp32")
@@ -91,3 +98,11 @@ def test_unknown_precision_and_kind_are_config_errors():
         op_duration_ns(A100, 1e9, 1e6, precision="fp8")
     with pytest.raises(ConfigError, match=r"'conv'.*matmul, attention, elementwise"):
         op_duration_ns(A100, 1e9, 1e6, kind="conv")
+
+
+def test_sustained_fraction_slows_every_kind_alike():
+    """Inside training every kernel runs at sustained_fraction of its isolated speed."""
+    gpu = get_gpu("a100-sxm-80gb")
+    for kind, flops, nbytes in (("matmul", 1e12, 1e8), ("elementwise", 0.0, 1e9)):
+        ratio = op_duration_ns(gpu, flops, nbytes, kind) / op_duration_ns(A100, flops, nbytes, kind)
+        assert ratio == pytest.approx(1 / gpu.sustained_fraction, rel=1e-5)

@@ -60,15 +60,6 @@ def flops(ops) -> float:
     return sum(op.flops for op in ops)
 
 
-@pytest.mark.parametrize("recompute,sp", sorted(ONE_LAYER_22B_MS))
-def test_22b_layer_times_match_korthikanti(recompute, sp):
-    """One 22B layer (A100, TP 8) forward and backward times are within 10% of Korthikanti Table 4."""
-    published_fwd, published_bwd = ONE_LAYER_22B_MS[(recompute, sp)]
-    shape = shape_22b(sp)
-    assert ops_ms(forward_ops(shape)) == pytest.approx(published_fwd, rel=0.10)
-    assert ops_ms(backward_ops(shape, recompute)) == pytest.approx(published_bwd, rel=0.10)
-
-
 def test_175b_layer_mfu_is_plausible():
     """Uncalibrated check: the 175B layer (selective + SP) runs at a model-FLOPs utilisation of 0.4-0.7."""
     h, s, b, t = 12288, 2048, 1, 8

@@ -12,13 +12,34 @@ def _allreduce(size):
     return program
 
 
+@pytest.mark.parametrize("fast", ["none", "intra_node"])
 @pytest.mark.parametrize("n,size", [(2, 1 << 20), (4, 64 << 20), (8, 8 << 20), (8, 1000)])
-def test_ring_allreduce_closed_form(run, n, size):
-    """Uncontended ring all-reduce on one tier takes 2(n-1)*(latency + S/(n*B)) within 1%."""
+def test_ring_allreduce_closed_form(run, n, size, fast):
+    """Uncontended ring all-reduce on one tier takes 2(n-1)*(latency + S/(n*B)) within 1%, message by
+    message (the reference) and on the intra-node fast path."""
     bw, lat_ns = 300.0, 2000
-    summary, result, _ = run(_allreduce(size), cluster_dict(nodes=1, su_bw=bw), {"n": n})
+    summary, result, _ = run(_allreduce(size), cluster_dict(nodes=1, su_bw=bw), {"n": n}, fast=fast)
     expected = 2 * (n - 1) * (lat_ns + size / (n * bw))
     assert result.ranks[0].final_time_ns == pytest.approx(expected, rel=0.01)
+    assert summary["bytes_by_tier"]["nvswitch"] == 2 * (n - 1) * -(-size // n) * n
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier"])
+def test_fast_path_matches_message_level(run, op):
+    """The intra-node closed form gives the message-level time within 1% and the same bytes and sizes."""
+
+    def program(gpu):
+        kw = {"root": 0} if op == "broadcast" else {}
+        if op == "barrier":
+            gpu.barrier()
+        else:
+            getattr(gpu, op)(48 << 20, **kw)
+
+    ref, ref_result, _ = run(program, cluster_dict(nodes=1), fast="none")
+    fast, fast_result, _ = run(program, cluster_dict(nodes=1), fast="intra_node")
+    assert fast["sim_time_s"] == pytest.approx(ref["sim_time_s"], rel=0.01)
+    assert fast["bytes_by_tier"] == ref["bytes_by_tier"]
+    assert fast["message_size_histogram"] == ref["message_size_histogram"]
 
 
 def test_two_flows_sharing_a_link_take_twice_as_long(run):

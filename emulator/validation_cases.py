@@ -1,0 +1,41 @@
+"""Published measurements the emulator is validated against (copied with their sources, so the
+package never reads anything outside itself at run time)."""
+
+from __future__ import annotations
+
+KORTHIKANTI = "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198)"
+
+# Table 5: iteration time in seconds; Selene, DGX A100 80GB, 8x HDR per node, data parallel 1,
+# seq 2048, vocab 51200; 175B and 530B use the interleaved schedule with 3 model chunks.
+TABLE5 = [
+    # name, model preset, tp, pp, gpus, global batch, micro batch, chunks, full, selective+SP, MFU sel+SP
+    ("22B", "megatron-22b", 8, 1, 8, 4, 4, 1, 1.42, 1.10, 0.415),
+    ("175B", "megatron-175b", 8, 8, 64, 64, 1, 3, 18.13, 13.75, 0.514),
+    ("530B", "megatron-530b", 8, 35, 280, 280, 1, 3, 49.05, 37.83, 0.560),
+    ("1T", "megatron-1t", 8, 64, 512, 512, 1, 1, 94.42, 71.49, 0.563),
+]
+
+# Table 4: one 22B layer (TP 8, micro batch 4), forward and backward in milliseconds.
+TABLE4_22B_MS = {
+    # (recompute, sequence_parallel): (forward, backward)
+    ("none", False): (7.7, 11.9),
+    ("none", True): (7.2, 11.8),
+    ("full", False): (7.7, 19.5),
+    ("selective", False): (7.7, 13.2),
+    ("selective", True): (7.2, 13.1),
+}
+TABLE4_NAMES = {
+    ("none", False): "baseline no recompute",
+    ("none", True): "sequence parallel",
+    ("full", False): "full recompute",
+    ("selective", False): "selective recompute",
+    ("selective", True): "selective + sequence parallel",
+}
+
+# nccl-tests all_reduce bus bandwidth at large sizes (GB/s)
+NCCL_BUSBW = [
+    # name, cluster preset, gpus, busbw, source
+    ("8x A100 NVSwitch", "dgx-a100-hdr", 8, 230.0, "NVIDIA/nccl-tests issue 149 (maintainer)"),
+    ("DGX A100 2 nodes, 8x HDR", "dgx-a100-hdr", 16, 192.0, "NVIDIA/nccl issue 812 (maintainer)"),
+    ("8x H100 NVSwitch (ring)", "dgx-h100-ndr", 8, 370.0, "NVIDIA/nccl-tests issue 212 (maintainer)"),
+]

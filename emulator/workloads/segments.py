@@ -1,0 +1,114 @@
+"""A model's operations turned into what a rank program launches: fused compute and collectives.
+
+Consecutive compute ops run back to back on the compute stream, so one compute op with the sum of
+their durations gives the same timeline with far fewer events; a segment boundary is kept wherever
+a collective sits. Segments are computed once per GPU type and reused for every microbatch.
+
+Segment kinds: ``("c", name, duration_ns, flops)`` compute; ``("m", name, collective, size_bytes,
+overlapped)`` a tensor-parallel collective; ``("w",)`` wait for the last overlapped collective.
+Overlap follows Megatron-LM: in backward, the input-gradient reduction overlaps the weight-gradient
+GEMM, and with sequence parallelism the re-gather of the layer input overlaps the input-gradient
+GEMM; every other collective is waited for at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.hardware.compute import op_duration_ns
+from emulator.workloads import layer_costs as lc
+
+BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
+OVERLAPPED_SUFFIXES = (".tp_reduce.backward", ".all_gather.recompute")
+
+
+def layer_shape(config) -> lc.LayerShape:
+    m, p, t = config.model, config.parallel, config.training
+    return lc.LayerShape(
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        seq_length=t.seq_length,
+        micro_batch_size=t.micro_batch_size,
+        ffn_hidden_size=m.ffn_size,
+        num_kv_heads=m.query_groups,
+        gated_mlp=m.swiglu,
+        tensor_parallel=p.tensor,
+        sequence_parallel=p.sequence_parallel and p.tensor > 1,
+        bytes_per_element=BYTES_PER_ELEMENT[t.precision],
+        bias=m.add_bias_linear,
+    )
+
+
+def to_segments(ops: list[lc.Op], spec, precision: str) -> list[tuple]:
+    """Fuse compute ops between collectives; mark overlapped collectives and their wait points."""
+    segments: list[tuple] = []
+    names: list[str] = []
+    duration = 0
+    flops = 0.0
+    wait_after_next = False
+
+    def flush() -> None:
+        nonlocal duration, flops, names
+        if names:
+            label = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+            segments.append(("c", label, duration, flops))
+        names, duration, flops = [], 0, 0.0
+
+    for op in ops:
+        if op.kind == "comm":
+            flush()
+            overlapped = op.name.endswith(OVERLAPPED_SUFFIXES)
+            segments.append(("m", op.name, op.collective, op.size_bytes, overlapped))
+            wait_after_next = overlapped
+            continue
+        names.append(op.name)
+        duration += op_duration_ns(spec, op.flops, op.bytes_moved, op.kind, precision)
+        flops += op.flops
+        if wait_after_next:
+            flush()
+            segments.append(("w",))
+            wait_after_next = False
+    flush()
+    if wait_after_next:
+        segments.append(("w",))
+    return segments
+
+
+@dataclass
+class ModelSegments:
+    """Everything one rank launches per microbatch, for one GPU type."""
+
+    layer_forward: list[tuple]
+    layer_backward: list[tuple]
+    embedding_forward: list[tuple]
+    embedding_backward: list[tuple]
+    logits_forward: list[tuple]
+    logits_backward: list[tuple]
+
+
+def model_segments(config, spec) -> ModelSegments:
+    shape = layer_shape(config)
+    precision = config.training.precision
+    emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)
+
+    def seg(ops):
+        return to_segments(ops, spec, precision)
+
+    return ModelSegments(
+        layer_forward=seg(lc.forward_ops(shape)),
+        layer_backward=seg(lc.backward_ops(shape, config.training.recompute)),
+        embedding_forward=seg(emb.embedding_forward),
+        embedding_backward=seg(emb.embedding_backward),
+        logits_forward=seg(emb.logits_forward),
+        logits_backward=seg(emb.logits_backward),
+    )
+
+
+def forward_flops_per_microbatch(config) -> float:
+    """Model FLOPs of one microbatch's forward pass through the whole model (all TP ranks)."""
+    shape = layer_shape(config)
+    t = config.parallel.tensor
+    layer = sum(op.flops for op in lc.forward_ops(shape)) * t
+    emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)
+    logits = sum(op.flops for op in emb.logits_forward) * t
+    return config.model.num_layers * layer + logits

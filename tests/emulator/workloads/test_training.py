@@ -1,0 +1,86 @@
+"""The built-in training workload: bubble, FLOPs, memory, ZeRO traffic, out-of-memory."""
+
+import pytest
+
+from emulator.config.loader import load_run
+from emulator.errors import OutOfMemoryError
+from emulator.run import execute
+from emulator.workloads.memory import activation_bytes_per_layer, stage_memory
+from emulator.workloads.metrics import model_flops_per_iteration
+from tests.conftest import CONFIGS
+
+RUN = CONFIGS / "runs" / "megatron-22b-8gpu.yaml"
+
+
+def _config(*overrides):
+    return load_run(RUN, list(overrides))
+
+
+def test_model_flops_match_korthikanti_formula():
+    """Model FLOPs equal 72*B*L*s*h^2*(1 + s/(6h) + V/(12hL)) for the GPT models."""
+    config = load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml")
+    b, layers, s, h, v = 64, 96, 2048, 12288, 51200
+    expected = 72 * b * layers * s * h**2 * (1 + s / (6 * h) + v / (12 * h * layers))
+    assert model_flops_per_iteration(config) == pytest.approx(expected, rel=0.005)
+
+
+@pytest.mark.parametrize("recompute,sp,formula", [
+    ("none", False, lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t))),
+    ("none", True, lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t))),
+    ("selective", False, lambda s, b, h, a, t: s * b * h * (10 + 24 / t)),
+    ("selective", True, lambda s, b, h, a, t: s * b * h * 34 / t),
+    ("full", False, lambda s, b, h, a, t: 2 * s * b * h),
+])  # fmt: skip
+def test_activation_memory_follows_table2(recompute, sp, formula):
+    config = _config(f"training.recompute={recompute}", f"parallel.sequence_parallel={sp}")
+    assert activation_bytes_per_layer(config) == int(formula(2048, 4, 6144, 64, 8))
+
+
+def test_zero_stages_partition_states():
+    """ZeRO 1 divides optimizer states by the data-parallel size, 2 the gradients too, 3 the weights."""
+    base = load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml", ["parallel.zero_stage=0"])
+    zero = [stage_memory(load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml", [f"parallel.zero_stage={z}"]), 0)
+            for z in (1, 2, 3)]  # fmt: skip
+    full = stage_memory(base, 0)
+    assert zero[0].optimizer_bytes == pytest.approx(full.optimizer_bytes / 32, rel=1e-3)
+    assert zero[1].grads_bytes == pytest.approx(full.grads_bytes / 32, rel=1e-3)
+    assert zero[2].params_bytes == pytest.approx(full.params_bytes / 32, rel=1e-3)
+
+
+def test_pipeline_bubble_closed_form():
+    """With cheap communication, 1F1B idles (p-1)/(m+p-1) of the iteration waiting on pipeline neighbours."""
+    p, m = 4, 8
+    config = _config("cluster.nodes=4", f"parallel.pipeline={p}", "parallel.tensor=8", "parallel.data=1",
+                     f"training.global_batch_size={4 * m}", "model.num_layers=8", "model.vocab_size=512")  # fmt: skip
+    summary = execute(config)[0]
+    assert summary["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=0.15)
+
+
+def test_zero2_reduce_scatters_and_gathers_over_data_parallel():
+    summary, result, _ = execute(load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml", ["training.iterations=1",
+                                                                                        "training.global_batch_size=128"]))  # fmt: skip
+    assert set(result.kind_hist) == {"reduce_scatter", "all_gather"}
+    assert summary["mfu"] > 0.05
+    assert summary["peak_memory_bytes_by_stage"]["0"] == summary["predicted_peak_memory_bytes_by_stage"]["0"]
+
+
+def test_zero3_gathers_weights_every_layer():
+    config = load_run(CONFIGS / "runs" / "bloom-560m-zero2.yaml",
+                      ["parallel.zero_stage=3", "training.iterations=1", "training.global_batch_size=128"])  # fmt: skip
+    _, result, _ = execute(config)
+    gathers = sum(result.kind_hist["all_gather"].values())
+    # forward and backward gather each of the 24 layers for every microbatch (1 here), 32 members,
+    # message-level ring over 4 nodes: (n-1) messages per member per channel
+    assert gathers > 2 * 24 * 32
+
+
+def test_workload_out_of_memory_names_stage():
+    config = _config("training.recompute=none", "training.micro_batch_size=16", "training.global_batch_size=16")
+    with pytest.raises(OutOfMemoryError, match=r"rank 0 .*stage0\.activations\.mb0"):
+        execute(config)
+
+
+def test_uneven_pipeline_on_heterogeneous_cluster():
+    summary = execute(load_run(CONFIGS / "runs" / "hetero-uneven-pipeline.yaml"))[0]
+    assert set(summary["peak_memory_bytes_by_stage"]) == {"0", "1", "2", "3"}
+    assert 0 < summary["mfu"] < 1
