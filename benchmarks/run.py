@@ -1,0 +1,99 @@
+"""Emulation speed and memory, per scenario and backend (issue: 3072 GPUs on two cores).
+
+    python benchmarks/run.py                       # every scenario, inline and Ray (2 shards), 3 repeats
+    python benchmarks/run.py --scenarios c,d --backends inline --repeat 1
+
+Every measurement runs in a fresh subprocess so that peak RSS is that run's own (for Ray, the
+driver's only: the shards are other processes). Scenario c always runs in-process.
+Prints, per scenario: virtual time, wall time (median), speed ratio (virtual s / wall s), events,
+events per wall second per core, rounds, peak RSS and memory per virtual GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCENARIOS = {
+    "a": ("megatron-1t-3072gpu, one iteration", ["run", "configs/runs/megatron-1t-3072gpu.yaml"]),
+    "b": ("gpt3-175b-1024gpu", ["run", "configs/runs/gpt3-175b-1024gpu.yaml"]),
+    "c": ("collbench all_reduce, 3072 GPUs, 1 GiB", ["collbench"]),
+    "d": ("bloom-560m-zero2", ["run", "configs/runs/bloom-560m-zero2.yaml"]),
+}
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from emulator.config.loader import load_cluster, load_run
+from emulator.run import execute
+args = json.loads(sys.argv[1])
+start = time.perf_counter()
+if args["what"][0] == "collbench":
+    from emulator.backends.inline import run_inline
+    from emulator.collbench import _bench_program
+    from emulator.config.schema import RunConfig
+    from netmodel.topology import Topology
+    cluster = load_cluster("dgx-a100-hdr", ["nodes=384"])
+    config = RunConfig(name="collbench", cluster=cluster, program="collbench:_bench_program")
+    topo = Topology(cluster)
+    result = run_inline(config, topo, shards=args["shards"], program=_bench_program,
+                        args={{"n": 3072, "op": "all_reduce", "algo": None, "size": 1 << 30}})
+    summary = {{"sim_time_s": max(r.final_time_ns for r in result.ranks) / 1e9, "events": result.events,
+               "rounds": result.rounds, "world_size": 3072}}
+else:
+    config = load_run(args["what"][1], args["overrides"])
+    summary = execute(config, backend=args["backend"], shards=args["shards"])[0]
+wall = time.perf_counter() - start
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"wall_s": wall, "sim_s": summary["sim_time_s"], "events": summary["events"],
+                  "rounds": summary["rounds"], "world": summary["world_size"], "rss_bytes": rss}}))
+"""
+
+
+def measure(what: list[str], backend: str, shards: int, overrides: list[str]) -> dict:
+    args = {"what": what, "backend": backend, "shards": shards, "overrides": overrides}
+    if what[0] == "collbench" and backend == "ray":
+        args["backend"] = "inline"  # collbench drives shards in-process; the Ray figure is the run scenarios'
+    code = CHILD.format(root=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark child failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default="a,b,c,d")
+    parser.add_argument("--backends", default="inline,ray")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override for runs")
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"{'scenario':<42} {'backend':<9} {'virtual s':>10} {'wall s':>8} {'speed':>7} {'events':>11} "
+          f"{'ev/s/core':>10} {'rounds':>8} {'RSS MiB':>8} {'KB/GPU':>7}")  # fmt: skip
+    for key in args.scenarios.split(","):
+        label, what = SCENARIOS[key]
+        for backend in args.backends.split(","):
+            shards = 2 if backend == "ray" else 1
+            runs = [measure(what, backend, shards, args.overrides) for _ in range(args.repeat)]
+            wall = statistics.median(r["wall_s"] for r in runs)
+            r = runs[0]
+            used = min(cores, shards + (1 if backend == "ray" else 0)) if backend == "ray" else 1
+            print(
+                f"{label:<42} {backend:<9} {r['sim_s']:>10.3f} {wall:>8.1f} {r['sim_s'] / wall:>7.3f} "
+                f"{r['events']:>11} {r['events'] / wall / used:>10.0f} {r['rounds']:>8} "
+                f"{statistics.median(x['rss_bytes'] for x in runs) / 2**20:>8.0f} "
+                f"{statistics.median(x['rss_bytes'] for x in runs) / r['world'] / 1e3:>7.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
