@@ -26,7 +26,7 @@ from emulator.monitoring.live import Snapshot
 
 DEFAULT_PORT = 9431  # the port deploy/prometheus/prometheus.yml scrapes
 RUN_INFO_LABELS = ("run_id", "config", "world_size", "backend", "shards")
-SIZE_BUCKETS_LOG2 = tuple(range(0, 35, 2))  # message-size bucket bounds 1 B .. 16 GiB, powers of 4
+SIZE_BUCKETS_LOG2 = tuple(range(35))  # message-size bucket bounds: powers of 2, 1 B .. 16 GiB (the engine's own)
 ITERATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100)
 
 # name -> (type, labels, help); counters are listed without their ``_total`` suffix

@@ -50,7 +50,7 @@ def test_exposition_holds_exactly_the_catalogue():
     exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
     assert exposed == sample_names()
     assert 'emulator_message_size_bytes_bucket{le="64.0",tier="nvlink"} 2.0' in text
-    assert 'emulator_message_size_bytes_bucket{le="16.0",tier="nvlink"} 0.0' in text
+    assert 'emulator_message_size_bytes_bucket{le="32.0",tier="nvlink"} 0.0' in text
     assert 'emulator_message_size_bytes_sum{tier="nvlink"} 100.0' in text
     assert 'emulator_hottest_link_utilisation_ratio{link="node0.gpu0.tx",tier="nvlink"} 0.07' in text
     assert 'emulator_run_info{backend="inline",config="c",run_id="r",shards="2",world_size="16"} 1.0' in text
