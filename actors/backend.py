@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from emulator.backends.inline import shard_layout
-from emulator.engine.coordinator import INF, Observer
+from emulator.engine.coordinator import INF, Observer, publish
 from emulator.engine.diagnose import raise_for_stuck
 from emulator.errors import BackendError, EmulatorError
 from emulator.summary import RunResult, merge
@@ -315,9 +315,9 @@ def _drive(ray, pool: ShardPool, config, topo, layout, rank_shard, observer, tra
                 nexts[dst] = min(nexts[dst], earliest)
         if due:
             last_observed = time.monotonic()
-            observer.update(rounds, t_min, [results[i][2] for i in range(n)])
+            publish(observer, rounds, cross, t_min, [results[i][2] for i in range(n)])
     finished = pool.call("finish", {i: () for i in range(n)})
     if observer is not None:
-        observer.update(rounds, t_min, [finished[i][2] for i in range(n)])
+        publish(observer, rounds, cross, t_min, [finished[i][2] for i in range(n)])
     raise_for_stuck([b for i in range(n) for b in finished[i][0]])
     return merge(topo.world_size, [finished[i][1] for i in range(n)], rounds, cross)

@@ -20,6 +20,23 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--program", help="run this program (path.py:function) instead of the file's")
 
 
+def _add_metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve live Prometheus metrics on this port during the run (deploy/ scrapes 9431)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    p.add_argument("--metrics-grace-s", type=float, default=30.0, metavar="SECONDS",
+                   help="keep the metrics endpoint up this long after the run so the final values are scraped "
+                        "(default 30)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emulator", description="Emulate GPU training clusters on virtual GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -30,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="inline", help="inline (default) or ray")
     run.add_argument("--shards", type=int, default=1, help="number of shards (Ray actors, or in-process)")
     run.add_argument("--address", help="Ray cluster address: auto or HOST:PORT (default: start a local Ray)")
-    run.add_argument("--quiet", action="store_true", help="print only the summary line")
+    run.add_argument("--quiet", action="store_true", help="print only the summary line (no progress bar)")
+    _add_metrics_args(run)
     run.add_argument("--trace-ranks", default="default", metavar="RANKS",
                      help="ranks in trace.json: 0-7,64 | all | none (default: the first node's GPUs)")  # fmt: skip
     run.add_argument("--wandb", action="store_true", help="also log the run to Weights & Biases (needs wandb)")
@@ -72,6 +90,15 @@ def _load(args):
     return load_run(args.run_file, overrides)
 
 
+def _start_monitor(args, config, out_dir: Path):
+    """Live figures for ``emulator run``: Prometheus exporter (``--metrics-port``), progress bar."""
+    from emulator.monitoring import Monitor
+    from emulator.monitoring.progress import ProgressDisplay
+
+    return Monitor(config, run_id=out_dir.name, backend=args.backend, shards=args.shards, port=args.metrics_port,
+                   host=args.metrics_host, progress=ProgressDisplay.choose_mode(args.quiet))  # fmt: skip
+
+
 def cmd_run(args) -> int:
     from emulator.results.rundir import write_results
     from emulator.results.tables import parse_rank_spec
@@ -86,8 +113,15 @@ def cmd_run(args) -> int:
         require_wandb()  # fail before the run, not after it
     out = args.out or default_out_dir(config.name)
     write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
-    summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
-                                    trace_ranks=trace_ranks)  # fmt: skip
+    monitor = _start_monitor(args, config, out)
+    try:
+        summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
+                                        observer=monitor if monitor.active else None,
+                                        trace_ranks=trace_ranks)  # fmt: skip
+    except BaseException:
+        monitor.close()
+        raise
+    monitor.finish(summary, result)
     out, tables = write_results(out, config, summary, result, topo)
     if args.wandb:
         from emulator.results.wandb_log import log_run
@@ -102,7 +136,8 @@ def cmd_run(args) -> int:
         + (f", MFU {summary['mfu']:.3f}" if summary.get("mfu") is not None else "")
         + f" -> {out}/summary.json"
     )
-    print(line)
+    print(line, flush=True)
+    monitor.linger(args.metrics_grace_s, quiet=args.quiet)  # then stops the metrics endpoint
     return 0
 
 

@@ -24,7 +24,11 @@ class ShardLike(Protocol):
 
 
 class Observer(Protocol):
-    """Receives live progress (Prometheus exporter, progress bar); never changes results."""
+    """Receives live progress (Prometheus exporter, progress bar); never changes results.
+
+    An observer may also define ``note_cross_shard_messages(total: int)``: it is then called just
+    before each ``update`` with the number of cross-shard messages exchanged so far.
+    """
 
     def update(self, rounds: int, virtual_time_ns: float, shard_stats: list[dict]) -> None: ...
 
@@ -80,7 +84,15 @@ def run_rounds(
                 shards[dst].deliver(records)
         if observer is not None and time.monotonic() - last_observed >= observe_every_s:
             last_observed = time.monotonic()
-            observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+            publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [s.live_stats() for s in shards])
     if observer is not None:
-        observer.update(stats.rounds, t_min, [s.live_stats() for s in shards])
+        publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [s.live_stats() for s in shards])
     return stats
+
+
+def publish(observer: Observer, rounds: int, cross_shard_messages: int, t_min: float, shard_stats: list) -> None:
+    """Hand live figures to an observer (shared by every backend)."""
+    note = getattr(observer, "note_cross_shard_messages", None)
+    if note is not None:
+        note(cross_shard_messages)
+    observer.update(rounds, t_min, shard_stats)

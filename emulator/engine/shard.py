@@ -487,18 +487,61 @@ class Shard:
         out, self.outbox = self.outbox, {}
         return out
 
-    def live_stats(self) -> dict:
-        """Small progress figures for live monitoring (cheap: no per-link data)."""
-        gpus = self.gpus.values()
+    def live_stats(self, hot_links: int = 10, recent_iterations: int = 4) -> dict:
+        """Progress figures for live monitoring, O(ranks + links): plain ints and lists only.
+
+        Per pipeline stage (``rank // (world / parallel.pipeline)`` for a model run, else one stage
+        0): ranks, summed compute / communication / idle ns (idle = a rank's latest op end minus its
+        compute time) and peak memory. ``marks_hist`` is ``[[marks, ranks], ...]``;
+        ``iteration_ends_ns`` gives ``[k, end]`` for the shard's last completed iterations (end = the
+        latest rank's k-th mark); ``hot_links`` the busiest links it owns as ``[link, bytes, busy_ns]``.
+        """
+        topo, stats = self.topo, self.stats
+        gpus = list(self.gpus.values())
+        config = self.config
+        stages = max(1, config.parallel.pipeline) if getattr(config, "model", None) is not None else 1
+        stage_size = max(1, topo.world_size // stages)
+        ranks, compute, comm, idle, peak = ([0] * stages for _ in range(5))
+        marks: dict[int, int] = {}
+        finished = 0
+        for g in gpus:
+            s = min(g.rank // stage_size, stages - 1)
+            ranks[s] += 1
+            compute[s] += g.compute_ns
+            comm[s] += g.comm_ns
+            idle[s] += max(0, g.last_time - g.compute_ns)
+            if g.mem_peak > peak[s]:
+                peak[s] = g.mem_peak
+            n = len(g.marks)
+            marks[n] = marks.get(n, 0) + 1
+            finished += g.finished and g.outstanding == 0
+        done = min(marks, default=0)
+        ends = [[k, max([g.marks[k] for g in gpus])] for k in range(max(0, done - recent_iterations), done)]
+        busy_ns = stats.link_busy_ns
+        tier_busy = [0] * len(topo.tier_names)
+        for tier, busy in zip(topo.link_tier, busy_ns, strict=True):
+            tier_busy[tier] += busy
+        # busiest first, lower link index first among equals (negated index in the heap key)
+        hot = [-i for b, i in heapq.nlargest(hot_links, zip(busy_ns, range(0, -len(busy_ns), -1), strict=True)) if b]
         return {
             "shard": self.index,
             "events": self.events,
             "now_ns": self.now,
-            "iterations_done": min((len(g.marks) for g in gpus), default=0),
-            "tier_bytes": list(self.stats.tier_bytes),
-            "tier_messages": list(self.stats.tier_messages),
-            "ranks_finished": sum(1 for g in gpus if g.finished and g.outstanding == 0),
+            "iterations_done": done,
+            "tier_bytes": list(stats.tier_bytes),
+            "tier_messages": list(stats.tier_messages),
+            "ranks_finished": finished,
             "ranks": len(self.gpus),
+            "marks_hist": sorted([n, c] for n, c in marks.items()),
+            "iteration_ends_ns": ends,
+            "tier_busy_ns": tier_busy,
+            "tier_size_hist": [sorted([b, c] for b, c in h.items()) for h in stats.size_hist],
+            "stage_ranks": ranks,
+            "stage_compute_ns": compute,
+            "stage_comm_ns": comm,
+            "stage_idle_ns": idle,
+            "stage_peak_memory_bytes": peak,
+            "hot_links": [[i, stats.link_bytes[i], busy_ns[i]] for i in hot],
         }
 
     def blocked(self) -> list[dict]:

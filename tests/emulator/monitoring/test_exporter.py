@@ -1,0 +1,96 @@
+"""The Prometheus exporter: names, exposition, live progress during a run, port errors."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from emulator.errors import ConfigError
+from emulator.monitoring.exporter import METRICS, Exporter, SnapshotCollector, sample_names
+from emulator.monitoring.live import Snapshot
+from tests.emulator.monitoring.helpers import free_port, scrape, start_emulator, stop, wait_for
+
+COUNTS = {"iterations", "expected", "finished", "rounds", "messages", "events", "links", "ranks"}
+INFO = {"run_id": "r", "config": "c", "world_size": "16", "backend": "inline", "shards": "2"}
+SNAP = Snapshot(
+    virtual_time_s=1.5, rounds=7, iterations_done=2, iteration_durations_s=(0.5, 0.5),
+    shard_events=(10, 12), shard_virtual_time_s=(1.5, 1.5), tier_bytes=(100, 50), tier_messages=(2, 1),
+    tier_busy_s=(0.1, 0.2), tier_utilisation=(0.1, 0.2), tier_mean_utilisation=(0.1, 0.2),
+    tier_bandwidth_bytes_per_s=(1.0, 2.0), tier_size_hist=({6: 2}, {5: 1}), stage_ranks=(8, 8),
+    stage_compute_s=(1.0, 1.0), stage_comm_s=(0.2, 0.2), stage_idle_s=(0.5, 0.5),
+    stage_peak_memory_bytes=(1, 2), hot_links=((0, 100, 0.1, 0.07),),
+)  # fmt: skip
+
+
+def _exposition(snapshot: Snapshot) -> str:
+    collector = SnapshotCollector(INFO, ["nvlink", "leaf"], [4, 2], ["node0.gpu0.tx"], [0])
+    collector.snapshot = snapshot
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_names_follow_prometheus_conventions():
+    """Prefix emulator_, counters end in _total, units are base units, no label per GPU pair."""
+    for name, (kind, labels, doc) in METRICS.items():
+        assert re.fullmatch(r"emulator_[a-z_]+", name) and doc, name
+        assert not name.endswith("_total"), f"{name}: counters are listed without _total"
+        assert not re.search(r"_(ms|ns|us|gb|mb|kb|percent)(_|$)", name), name
+        assert set(labels) <= {"tier", "shard", "stage", "link", *INFO}, name
+        unit = name.rsplit("_", 1)[1]
+        assert unit in {"seconds", "bytes", "ratio", "second", *COUNTS} or kind == "info", name
+
+
+def test_exposition_holds_exactly_the_catalogue():
+    """Every catalogued series is exposed and nothing else; the histogram buckets are cumulative."""
+    text = _exposition(SNAP)
+    exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert exposed == sample_names()
+    assert 'emulator_message_size_bytes_bucket{le="64.0",tier="nvlink"} 2.0' in text
+    assert 'emulator_message_size_bytes_bucket{le="32.0",tier="nvlink"} 0.0' in text
+    assert 'emulator_message_size_bytes_sum{tier="nvlink"} 100.0' in text
+    assert 'emulator_hottest_link_utilisation_ratio{link="node0.gpu0.tx",tier="nvlink"} 0.07' in text
+    assert 'emulator_run_info{backend="inline",config="c",run_id="r",shards="2",world_size="16"} 1.0' in text
+
+
+def test_unknown_values_are_nan():
+    """Before anything is known, ETA and expected iterations are NaN (not 0)."""
+    text = _exposition(Snapshot())
+    assert "emulator_eta_seconds NaN" in text
+    assert "emulator_iterations_expected NaN" in text
+
+
+def test_port_in_use_is_a_user_error():
+    """A taken port is reported as a ConfigError naming the flag."""
+    port = free_port()
+    collector = SnapshotCollector(INFO, [], [], [], [])
+    first = Exporter(collector, port)
+    try:
+        with pytest.raises(ConfigError, match="--metrics-port"):
+            Exporter(collector, port)
+    finally:
+        first.close()
+
+
+def test_two_scrapes_during_a_run_show_virtual_time_advancing(tmp_path):
+    """While the run is in progress, virtual time and events grow between two scrapes."""
+    port = free_port()
+    proc = start_emulator(port, tmp_path / "run", "--set", "cluster.nodes=2", "--set", "program_args.iterations=40",
+                          "--metrics-grace-s", "0")  # fmt: skip
+    try:
+        first = wait_for(lambda: (s := scrape(port)) and s["emulator_virtual_time_seconds"] > 0 and s,
+                         60, "a first live scrape", proc)  # fmt: skip
+        time.sleep(0.6)  # the engine publishes about every 0.5 s of wall time
+        second = wait_for(
+            lambda: (s := scrape(port)) and s["emulator_virtual_time_seconds"] > first["emulator_virtual_time_seconds"]
+            and s, 10, "virtual time to advance", proc,
+        )  # fmt: skip
+    finally:
+        stop(proc)
+    assert first["emulator_run_finished"] == 0 and second["emulator_run_finished"] == 0
+    assert second["emulator_wall_time_seconds"] > first["emulator_wall_time_seconds"]
+    assert second["emulator_iterations_expected"] == 40
+    assert second["emulator_iterations_total"] < 40
