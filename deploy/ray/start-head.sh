@@ -4,7 +4,7 @@
 #   deploy/ray/start-head.sh [NUM_CPUS] [more `ray start` flags, e.g. --block]
 #
 # NUM_CPUS is how many shards this host takes (one core each); the default leaves one core to the
-# driver. Every port is fixed so that a firewall can let exactly these through (docs/ray.md,
+# driver. Every port is fixed so that a firewall can let exactly these through (the README (Run on Ray),
 # "Run on four hosts"); a flag given after NUM_CPUS overrides the one here (the last one wins).
 set -euo pipefail
 cpus=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))

@@ -4,7 +4,7 @@
 #   deploy/ray/start-worker.sh HEAD_IP[:PORT] [NUM_CPUS] [more `ray start` flags, e.g. --block]
 #
 # NUM_CPUS is how many shards this host takes (one core each; default: all its cores). The ports
-# are those of start-head.sh: open them between all hosts (docs/ray.md, "Run on four hosts").
+# are those of start-head.sh: open them between all hosts (the README (Run on Ray), "Run on four hosts").
 set -euo pipefail
 head="${1:?usage: start-worker.sh HEAD_IP[:PORT] [NUM_CPUS] [ray start flags]}"
 [[ "$head" == *:* ]] || head="$head:6379"

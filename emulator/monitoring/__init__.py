@@ -1,4 +1,4 @@
-"""Live monitoring of a run: Prometheus exporter, terminal progress (see docs/monitoring.md).
+"""Live monitoring of a run: Prometheus exporter, terminal progress (see the README (Watch it in Grafana)).
 
     emulator run configs/examples/data-parallel.yaml --metrics-port 9431
 

@@ -5,7 +5,7 @@
 
 Files: ``config.yaml`` (the resolved config: rerunning it reproduces the run), ``summary.json``,
 ``links.csv``, ``ranks.csv``, ``histograms.csv``, ``timeline.csv`` and ``trace.json``; their columns
-are documented in docs/results.md.
+are documented in the README (Results).
 """
 
 from __future__ import annotations

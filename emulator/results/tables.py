@@ -4,7 +4,7 @@
     rows = link_rows(result, topo)      # result, topo from emulator.run.execute(config)
 
 Every table is a list of flat dicts (one per CSV row), so it needs neither pandas nor numpy; the
-column meanings are documented in docs/results.md.
+column meanings are documented in the README (Results).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def sender_capacity_bytes_per_ns(topo) -> list[float]:
 
 
 def timeline_rows(result: RunResult, topo) -> list[dict]:
-    """Traffic per tier per time bucket (only buckets with traffic); see docs/results.md.
+    """Traffic per tier per time bucket (only buckets with traffic); see the README (Results).
 
     ``message_bytes``: messages whose highest tier is this one, by the bucket they start in;
     ``link_bytes``: what this tier's links carry (a message crossing the spine also crosses the NICs);

@@ -1,4 +1,4 @@
-"""docs/results.md: its Python examples run as written (from the repository root)."""
+"""the README (Results): its Python examples run as written (from the repository root)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-DOC = ROOT / "docs" / "results.md"
+DOC = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
 
 
