@@ -90,7 +90,9 @@ class GPU:
             duration_ns = self._shard.compute_time_ns(self._gpu, flops, bytes, kind, self.precision)
         elif duration_ns < 0:
             raise ProgramError(f"rank {self.rank}: compute({name!r}) duration_ns must be >= 0")
-        return self._launch(Op(COMPUTE, name, int(duration_ns), flops), stream, comm=False)
+        op = Op(COMPUTE, name, int(duration_ns), flops)
+        self._shard.launch(self._gpu, op, stream)
+        return Handle(self, op)
 
     def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
@@ -190,8 +192,7 @@ class GPU:
         return handle
 
     def _launch(self, op: Op, stream: str, comm: bool, after_all: bool = False) -> Handle:
-        deps = self._shard.launch_deps(self._gpu, stream, comm, after_all)
-        self._shard.launch(self._gpu, op, stream, deps)
+        self._shard.launch(self._gpu, op, stream, comm, after_all)
         return Handle(self, op)
 
     def _wait_on(self, op: Op, stream: str) -> None:

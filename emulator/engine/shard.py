@@ -149,27 +149,31 @@ class Shard:
         return op_duration_ns(gpu.spec, flops, bytes_, kind, precision)
 
     # -- launching -----------------------------------------------------------------------------
-    def launch_deps(self, gpu: VirtualGPU, stream: str, comm: bool, after_all: bool) -> list[Op]:
-        deps = gpu.pending_waits.pop(stream, None) or []
-        if after_all:
-            deps.extend(s.last for s in gpu.streams.values() if s.last is not None and s.name != stream)
-        elif comm and stream != "compute":
-            last = gpu.streams.get("compute")
-            if last is not None and last.last is not None:
-                deps.append(last.last)
-        return deps
-
-    def launch(self, gpu: VirtualGPU, op: Op, stream_name: str, deps: list[Op]) -> None:
-        stream = gpu.stream(stream_name)
+    def launch(self, gpu: VirtualGPU, op: Op, stream_name: str, comm: bool = False, after_all: bool = False) -> None:
+        """Queue ``op`` on a stream with its dependencies (see emulator/engine/ops.py); hot path."""
+        streams = gpu.streams
+        stream = streams.get(stream_name)
+        if stream is None:
+            stream = gpu.stream(stream_name)
         op.stream = stream
+        deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
+        if after_all:
+            deps = deps or []
+            deps.extend(s.last for s in streams.values() if s is not stream and s.last is not None)
+        elif comm and stream_name != "compute":
+            compute = streams.get("compute")
+            if compute is not None and compute.last is not None:
+                deps = deps or []
+                deps.append(compute.last)
         left = 0
-        for dep in deps:
-            if not dep.done:
-                left += 1
-                if dep.dependents is None:
-                    dep.dependents = [op]
-                else:
-                    dep.dependents.append(op)
+        if deps:
+            for dep in deps:
+                if not dep.done:
+                    left += 1
+                    if dep.dependents is None:
+                        dep.dependents = [op]
+                    else:
+                        dep.dependents.append(op)
         op.deps_left = left
         stream.ops.append(op)
         stream.last = op
