@@ -4,9 +4,12 @@ Links (each a FIFO server with a bandwidth) and who owns them:
 
 - ``scale-up tx/rx`` of every GPU: its port into the node's fabric (NVSwitch, Infinity Fabric, PCIe);
 - ``nic tx/rx`` of every NIC: GPU ``i`` of a node uses NIC ``i % count`` (rail-optimised wiring);
-- ``up/down`` of every node towards switch tier ``k+1``: the node's share of its tier-``k`` group's
-  uplinks, ``node NIC bandwidth / (oversubscription of tiers 0..k)``. Modelling oversubscription as a
-  per-node share keeps every link owned by one node, hence by one shard (ARCHITECTURE.md).
+- ``up/down`` of every NIC towards switch tier ``k+1``: the NIC's share of its tier-``k`` switch
+  group's uplinks, ``NIC bandwidth / (oversubscription of tiers 0..k)``. This is exact for the
+  rail-optimised fabrics of DGX-class clusters (each rail has its own leaf switches and uplinks)
+  and an approximation for top-of-rack designs (a flow cannot borrow the idle share of another NIC
+  of its node). Modelling oversubscription as per-NIC shares keeps every link owned by one node,
+  hence by one shard (ARCHITECTURE.md), and keeps the rails of a node independent.
 
 A message takes the lowest tier connecting its endpoints; its path splits into an *up* part owned
 by the sender's node and a *down* part owned by the receiver's node.
@@ -74,8 +77,8 @@ class Topology:
         self.su_latency_ns: list[int] = []  # per node
         self.nic_tx: list[list[int]] = []
         self.nic_rx: list[list[int]] = []
-        self.up: list[list[int]] = []  # [node][k]: node's uplink share above switch tier k
-        self.down: list[list[int]] = []
+        self.up: list[list[list[int]]] = []  # [node][nic][k]: the NIC's uplink share above switch tier k
+        self.down: list[list[list[int]]] = []
         node = 0
         for gi, group in enumerate(self.groups):
             su_bw = group.scale_up.bandwidth_GBps * group.scale_up.efficiency
@@ -99,12 +102,16 @@ class Topology:
                 self.nic_tx.append(tx)
                 self.nic_rx.append(rx)
                 ups, downs = [], []
-                share = nic_bw * group.nic.count
-                for k in range(len(tiers) - 1):
-                    share /= tiers[k].oversubscription
-                    name = f"node{node}.{tiers[k].name}-{tiers[k + 1].name}"
-                    ups.append(self._add_link(f"{name}.up", share, k + 2, node))
-                    downs.append(self._add_link(f"{name}.down", share, k + 2, node))
+                for nic in range(group.nic.count):
+                    share = nic_bw
+                    nic_ups, nic_downs = [], []
+                    for k in range(len(tiers) - 1):
+                        share /= tiers[k].oversubscription
+                        name = f"node{node}.nic{nic}.{tiers[k].name}-{tiers[k + 1].name}"
+                        nic_ups.append(self._add_link(f"{name}.up", share, k + 2, node))
+                        nic_downs.append(self._add_link(f"{name}.down", share, k + 2, node))
+                    ups.append(nic_ups)
+                    downs.append(nic_downs)
                 self.up.append(ups)
                 self.down.append(downs)
                 node += 1
@@ -147,10 +154,10 @@ class Topology:
             latency = self.su_latency_ns[self.rank_node[src]]
         else:
             a, b = self.rank_node[src], self.rank_node[dst]
-            nic_a = self.nic_tx[a][self.rank_local[src] % len(self.nic_tx[a])]
-            nic_b = self.nic_rx[b][self.rank_local[dst] % len(self.nic_rx[b])]
-            up = (nic_a, *self.up[a][: tier - 1])
-            down = (*reversed(self.down[b][: tier - 1]), nic_b)
+            rail_a = self.rank_local[src] % len(self.nic_tx[a])
+            rail_b = self.rank_local[dst] % len(self.nic_rx[b])
+            up = (self.nic_tx[a][rail_a], *self.up[a][rail_a][: tier - 1])
+            down = (*reversed(self.down[b][rail_b][: tier - 1]), self.nic_rx[b][rail_b])
             latency = self.tier_latency_ns[tier]
         return Route(
             tier=tier,

@@ -65,14 +65,16 @@ def link_endpoints(topo) -> dict[int, tuple[str, str, str]]:
         out[tx] = ("tx", f"gpu{rank}", fabric)
         out[rx] = ("rx", fabric, f"gpu{rank}")
     for node in range(topo.num_nodes):
-        first = f"{names[1]}#{node // spans[1]}" if len(names) > 1 else f"node{node}"
-        for k, (tx, rx) in enumerate(zip(topo.nic_tx[node], topo.nic_rx[node], strict=True)):
-            out[tx] = ("tx", f"node{node}.nic{k}", first)
-            out[rx] = ("rx", first, f"node{node}.nic{k}")
-        for k, (up, down) in enumerate(zip(topo.up[node], topo.down[node], strict=True)):
-            lower, upper = f"{names[k + 1]}#{node // spans[k + 1]}", f"{names[k + 2]}#{node // spans[k + 2]}"
-            out[up] = ("up", lower, upper)
-            out[down] = ("down", upper, lower)
+        for rail, (tx, rx) in enumerate(zip(topo.nic_tx[node], topo.nic_rx[node], strict=True)):
+            # each NIC rail has its own switches below the top tier (rail-optimised fabric)
+            first = f"{names[1]}#{node // spans[1]}.rail{rail}" if len(names) > 1 else f"node{node}"
+            out[tx] = ("tx", f"node{node}.nic{rail}", first)
+            out[rx] = ("rx", first, f"node{node}.nic{rail}")
+            for k, (up, down) in enumerate(zip(topo.up[node][rail], topo.down[node][rail], strict=True)):
+                lower = f"{names[k + 1]}#{node // spans[k + 1]}.rail{rail}"
+                upper = f"{names[k + 2]}#{node // spans[k + 2]}" + (f".rail{rail}" if k + 2 < len(names) - 1 else "")
+                out[up] = ("up", lower, upper)
+                out[down] = ("down", upper, lower)
     return out
 
 

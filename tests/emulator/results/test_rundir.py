@@ -55,9 +55,9 @@ def test_links_table_columns(dp_dir):
     sim_ns = data.summary["sim_time_s"] * 1e9
     assert len(data.links) == len(Topology(load_run(dp_dir / "config.yaml").cluster).link_bw)
     row = next(r for r in data.links if r["name"] == "node1.nic3.tx")
-    assert (row["src"], row["dst"], row["node"], row["tier"]) == ("node1.nic3", "ib-leaf#0", 1, "ib-leaf")
-    up = next(r for r in data.links if r["name"] == "node2.ib-leaf-ib-spine.up")
-    assert (up["src"], up["dst"]) == ("ib-leaf#1", "ib-spine#0")
+    assert (row["src"], row["dst"], row["node"], row["tier"]) == ("node1.nic3", "ib-leaf#0.rail3", 1, "ib-leaf")
+    up = next(r for r in data.links if r["name"] == "node2.nic5.ib-leaf-ib-spine.up")
+    assert (up["src"], up["dst"]) == ("ib-leaf#1.rail5", "ib-spine#0")
     for r in data.links:
         assert r["utilisation"] == pytest.approx(r["busy_ns"] / sim_ns, abs=1e-6)
 
