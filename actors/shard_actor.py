@@ -23,6 +23,7 @@ from pathlib import Path
 import msgpack
 import ray
 
+from emulator.engine.folding import fold_factor
 from emulator.engine.shard import Shard
 from emulator.programs import forget_program, resolve_program
 from emulator.summary import export_shard
@@ -123,7 +124,9 @@ class ShardHost:
                 forget_program(config.program)
             self.program_digests[config.program] = digest
         program, args = resolve_program(config)
-        self.shard = Shard(Topology(config.cluster), ranks, rank_shard, index, program, config, args, trace_ranks)
+        topo = Topology(config.cluster)
+        fold = fold_factor(config, topo)  # resolve_program gave the built-in workload iff config.program is None
+        self.shard = Shard(topo, ranks, rank_shard, index, program, config, args, trace_ranks, fold)
         self.shard.start()
         return self.shard.next_time()
 

@@ -50,22 +50,27 @@ def export_shard(shard) -> dict:
     topo = shard.topo
     owned_links = [i for i, node in enumerate(topo.link_node) if node in owned_nodes]
     data = shard.stats.export(owned_links)
-    data["ranks"] = [
-        (
-            g.rank,
-            g.node,
-            g.last_time,
-            g.ops_done,
-            g.compute_ns,
-            g.comm_ns,
-            g.mem_peak,
-            list(g.marks),
-            g.wait_ns,
-            g.flops_done,
-        )
-        for g in (shard.gpus[r] for r in sorted(shard.gpus))
-    ]
-    data["traces"] = {g.rank: g.trace for g in shard.gpus.values() if g.trace is not None}
+    fold = getattr(shard, "fold", 1)
+    rows = []
+    for g in (shard.gpus[r] for r in sorted(shard.gpus)):
+        row = (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks),
+               g.wait_ns, g.flops_done)  # fmt: skip
+        # under symmetry folding the representative's figures are every folded rank's
+        rows.extend((g.rank + j, *row[1:]) for j in range(fold))
+    data["ranks"] = rows
+    data["traces"] = {}
+    for g in shard.gpus.values():
+        if g.trace is not None:
+            from emulator.engine.folding import replicate_trace
+
+            wanted = getattr(shard, "trace_requested", None)
+            for j in range(fold):
+                if wanted is None or g.rank + j in wanted:
+                    data["traces"][g.rank + j] = replicate_trace(g.trace, j, fold) if j else g.trace
+    if fold > 1:
+        from emulator.engine.folding import replicate_links
+
+        data["links"] = replicate_links(topo, data["links"], sorted(owned_nodes), fold)
     data["events"] = shard.events
     return data
 

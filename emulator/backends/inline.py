@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from emulator.engine.coordinator import Observer, plan_shards, run_rounds
 from emulator.engine.diagnose import raise_for_stuck
+from emulator.engine.folding import fold_factor
 from emulator.engine.shard import Shard
 from emulator.programs import resolve_program
 from emulator.summary import RunResult, export_shard, merge
@@ -25,10 +26,14 @@ def shard_layout(topo, shards: int) -> tuple[list[list[int]], list[int]]:
 def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, program=None, args=None,
                trace_ranks=()) -> RunResult:  # fmt: skip
     """Run ``config`` (or an explicit ``program``) on ``shards`` in-process shards."""
+    program_is_workload = program is None
     if program is None:
         program, args = resolve_program(config)
     layout, rank_shard = shard_layout(topo, shards)
-    objs = [Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks) for i, ranks in enumerate(layout)]
+    fold = fold_factor(config, topo) if program_is_workload else 1
+    objs = [
+        Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks, fold) for i, ranks in enumerate(layout)
+    ]
     for shard in objs:
         shard.start()
     stats = run_rounds(objs, topo.min_cross_node_latency_ns(), observer)

@@ -105,6 +105,9 @@ class EngineConfig:
     # "intra_node": collectives of groups inside one node complete in closed form (one event per
     # member instead of 2(n-1) messages); "none": every collective expands into messages (reference)
     fast_collectives: Literal["intra_node", "none"] = "intra_node"
+    # the built-in workload on nodes that are exactly one tensor group with a NIC per GPU: run one
+    # virtual GPU per tensor group (results identical, events / tensor size; emulator/engine/folding.py)
+    fold_tensor_groups: bool = True
 
     def validate(self, path: str) -> None:
         require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")

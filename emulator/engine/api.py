@@ -31,7 +31,7 @@ OP_CODES = {name: i for i, name in enumerate(OPS)}
 class Group:
     """A process group: an explicit, ordered list of ranks (ring order for ring algorithms)."""
 
-    __slots__ = ("ranks", "gid", "index", "tier", "one_node", "calls")
+    __slots__ = ("ranks", "gid", "index", "tier", "one_node", "calls", "arrivals")
 
     def __init__(self, ranks: tuple[int, ...], tier: int, one_node: bool = False):
         self.ranks = ranks
@@ -44,6 +44,7 @@ class Group:
         # (op, size, member index, root index, algo) -> (CollectiveCall, algorithm, signature):
         # programs repeat the same few calls thousands of times
         self.calls: dict[tuple, tuple] = {}
+        self.arrivals = len(ranks)  # members that issue calls (fewer under symmetry folding)
 
     def __len__(self) -> int:
         return len(self.ranks)

@@ -62,8 +62,14 @@ class Chan:
 class Shard:
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
-    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None, trace_ranks=()):
+    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None, trace_ranks=(), fold=1):
         self.topo = topo
+        # symmetry folding (emulator/engine/folding.py): host only each tensor group's representative
+        self.fold = fold
+        self.all_ranks = list(ranks)
+        ranks = [r for r in ranks if r % fold == 0]
+        self.trace_requested = set(trace_ranks)
+        trace_ranks = {r - r % fold for r in trace_ranks}
         self.index = index
         self.rank_shard = rank_shard
         self.config = config
@@ -135,6 +141,9 @@ class Shard:
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
             g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
+            # with folding, only representatives issue calls: a group of one representative
+            # and its tensor peers completes when the representative arrives
+            g.arrivals = sum(1 for r in ranks if r % self.fold == 0)
         return g
 
     def default_algorithm(self, op: str, group: Group) -> str:
@@ -283,7 +292,8 @@ class Shard:
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
         gpu.msg_seq += 1
-        self.stats.message(route.tier, size, kind, start, end_up)
+        # a representative's message stands for ``fold`` identical ones on the other rails
+        self.stats.messages(route.tier, size, kind, start, self.fold, end_up)
         record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
         shard = self.rank_shard[dst]
         if shard == self.index:
@@ -361,6 +371,7 @@ class Shard:
         if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
             self._rendezvous(gpu, op, t)
             return
+        assert self.fold == 1 or all(r % self.fold == 0 for r in op.a.ranks), "folded runs expand no tensor group"
         channels = op.b.channels(op.a, self.topo)
         run = CollRun(op, len(channels))
         if not channels:
@@ -385,7 +396,7 @@ class Shard:
             )
         arrived.append((gpu, op))
         call = op.a
-        if len(arrived) < call.n:
+        if len(arrived) < self.groups[call.ranks].arrivals:
             return
         del self.rendezvous[key]
         topo = self.topo
@@ -508,23 +519,24 @@ class Shard:
         ranks, compute, comm, idle, peak = ([0] * stages for _ in range(5))
         marks: dict[int, int] = {}
         finished = 0
+        fold = self.fold  # a representative counts for its whole folded group
         for g in gpus:
             s = min(g.rank // stage_size, stages - 1)
-            ranks[s] += 1
-            compute[s] += g.compute_ns
-            comm[s] += g.comm_ns
-            idle[s] += max(0, g.last_time - g.compute_ns)
+            ranks[s] += fold
+            compute[s] += g.compute_ns * fold
+            comm[s] += g.comm_ns * fold
+            idle[s] += max(0, g.last_time - g.compute_ns) * fold
             if g.mem_peak > peak[s]:
                 peak[s] = g.mem_peak
             n = len(g.marks)
-            marks[n] = marks.get(n, 0) + 1
-            finished += g.finished and g.outstanding == 0
+            marks[n] = marks.get(n, 0) + fold
+            finished += (g.finished and g.outstanding == 0) * fold
         done = min(marks, default=0)
         ends = [[k, max([g.marks[k] for g in gpus])] for k in range(max(0, done - recent_iterations), done)]
         busy_ns = stats.link_busy_ns
         tier_busy = [0] * len(topo.tier_names)
         for tier, busy in zip(topo.link_tier, busy_ns, strict=True):
-            tier_busy[tier] += busy
+            tier_busy[tier] += busy if tier == 0 else busy * fold  # rails are replicated at the end
         # busiest first, lower link index first among equals (negated index in the heap key)
         hot = [-i for b, i in heapq.nlargest(hot_links, zip(busy_ns, range(0, -len(busy_ns), -1), strict=True)) if b]
         return {
@@ -535,7 +547,7 @@ class Shard:
             "tier_bytes": list(stats.tier_bytes),
             "tier_messages": list(stats.tier_messages),
             "ranks_finished": finished,
-            "ranks": len(self.gpus),
+            "ranks": len(self.gpus) * fold,
             "marks_hist": sorted([n, c] for n, c in marks.items()),
             "iteration_ends_ns": ends,
             "tier_busy_ns": tier_busy,

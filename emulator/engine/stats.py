@@ -74,12 +74,12 @@ class ShardStats:
             return
         # a message longer than what is left of its bucket: spread its bytes pro rata over the buckets
         # its serialisation spans, so that utilisation over time never exceeds what the links carried
-        # (integer shares of the cumulative total: the bytes add up exactly)
+        # (integer shares of the cumulative total: the bytes add up exactly; shares are those of one
+        # message times ``count``, so that k calls of one message and one call of k agree exactly)
         done = 0
-        total = size * count
         for s in range(slot, (t_end - 1) // bucket_ns + 1):
-            part = total * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
-            line[s] = line.get(s, 0) + part
+            part = size * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
+            line[s] = line.get(s, 0) + part * count
             done += part
 
     def export(self, owned_links) -> dict:
