@@ -45,6 +45,11 @@ def identity_cases() -> dict:
                                   ["cluster.nodes=4", "program_args.iterations=2", "program_args.grad_bytes=67108864"]),
         "ping-pong": load_run(CONFIGS / "examples/ping-pong.yaml", ["program_args.iterations=2"]),
         "pipeline": from_dict(RunConfig, pipeline, ""),
+        # the built-in workload, folded (one virtual GPU per tensor group) with pipeline and data
+        # parallelism across shards
+        "workload": load_run(CONFIGS / "runs/megatron-22b-8gpu.yaml",
+                             ["cluster.nodes=4", "parallel.pipeline=2", "parallel.data=2", "model.num_layers=4",
+                              "training.global_batch_size=16"]),
     }  # fmt: skip
 
 
