@@ -79,6 +79,7 @@ class Shard:
         self.link_free = [0] * len(topo.link_bw)
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
+        self.group_ports: dict[tuple, tuple] = {}  # one-node group -> its ports (fast path)
         self.fast_collectives = getattr(getattr(config, "engine", None), "fast_collectives", "none") != "none"
         self.groups: dict[tuple, Group] = {}
         self.events = 0
@@ -399,35 +400,47 @@ class Shard:
         if len(arrived) < self.groups[call.ranks].arrivals:
             return
         del self.rendezvous[key]
-        topo = self.topo
-        node = topo.rank_node[call.ranks[0]]
         ranks = call.ranks
-        links = [link for r in ranks for link in (topo.su_tx[r], topo.su_rx[r])]
-        bw = min(topo.link_bw[link] for link in links)
-        duration, messages, msg_bytes = closed_form(op.b.name, call, bw, topo.su_latency_ns[node])
+        ports = self.group_ports.get(ranks)
+        if ports is None:
+            ports = self.group_ports[ranks] = self._ports(ranks)
+        links, tx, rx, bw, latency = ports
+        duration, messages, msg_bytes = closed_form(op.b.name, call, bw, latency)
         free = self.link_free
-        start = max(t, max(free[link] for link in links))
+        start = t
+        for link in links:
+            if free[link] > start:
+                start = free[link]
         end = start + duration
         if call.op in ("broadcast", "reduce") and call.n > 1:
             # a chain from the root (broadcast) or to it (reduce): the end that has no peer
             # neither sends nor receives on that side
+            topo = self.topo
             at = call.root_index
             chain = ranks[at:] + ranks[:at]
             if call.op == "reduce":
                 chain = chain[1:][::-1] + chain[:1]
             per = messages // (call.n - 1)
-            senders, receivers = chain[:-1], chain[1:]
+            tx = tuple(topo.su_tx[r] for r in chain[:-1])
+            rx = tuple(topo.su_rx[r] for r in chain[1:])
         else:
             per = messages // call.n
-            senders = receivers = ranks
         busy = per * int(-(-msg_bytes // bw))
-        self.stats.collective([topo.su_tx[r] for r in senders], per, msg_bytes, busy, start - t, end, free)
-        self.stats.collective([topo.su_rx[r] for r in receivers], per, msg_bytes, busy, start - t, end, free)
+        self.stats.ports(tx, per, msg_bytes, busy, start - t)
+        self.stats.ports(rx, per, msg_bytes, busy, start - t)
         for link in links:
             free[link] = end  # every member's ports are held for the whole collective
         self.stats.messages(0, msg_bytes, call.op, start, messages, end)
         for member, member_op in arrived:
             self._push(end, EV_OP_DONE, member, member_op)
+
+    def _ports(self, ranks: tuple[int, ...]) -> tuple:
+        """(all ports, tx ports, rx ports, slowest bandwidth, latency) of a one-node group."""
+        topo = self.topo
+        tx = tuple(topo.su_tx[r] for r in ranks)
+        rx = tuple(topo.su_rx[r] for r in ranks)
+        links = tx + rx
+        return links, tx, rx, min(topo.link_bw[link] for link in links), topo.su_latency_ns[topo.rank_node[ranks[0]]]
 
     def _step(self, gpu: VirtualGPU, chan: Chan, t: int) -> None:
         run = chan.run
@@ -512,6 +525,7 @@ class Shard:
         latest rank's k-th mark); ``hot_links`` the busiest links it owns as ``[link, bytes, busy_ns]``.
         """
         topo, stats = self.topo, self.stats
+        stats.flush()
         gpus = list(self.gpus.values())
         config = self.config
         stages = max(1, config.parallel.pipeline) if getattr(config, "model", None) is not None else 1

@@ -104,13 +104,20 @@ def static_bytes(config, stage: int) -> tuple[int, int, int]:
     return weights, grads, optimizer
 
 
+def gpu_type_of_rank(cluster, rank: int) -> str:
+    """The GPU type of a rank, from the node groups (no topology needed); "?" past the cluster."""
+    for group in cluster.groups():
+        size = group.nodes * group.gpus_per_node
+        if rank < size:
+            return group.gpu
+        rank -= size
+    return "?"
+
+
 def stage_memory(config, stage: int) -> StageMemory:
     p = config.parallel
     layout = layout_of(config)
-    first_rank = layout.rank(0, 0, stage)
-    from netmodel.topology import Topology
-
-    gpu = Topology(config.cluster).gpu_type(first_rank) if config.cluster.world_size > first_rank else "?"
+    gpu = gpu_type_of_rank(config.cluster, layout.rank(0, 0, stage))
     weights, grads, optimizer = static_bytes(config, stage)
     micro = config.training.global_batch_size // (config.training.micro_batch_size * p.data)
     actions = schedule_for(config)(stage, p.pipeline, micro, p.virtual_stages)
