@@ -37,7 +37,10 @@ from emulator.config.loader import load_cluster, load_run
 from emulator.run import execute
 args = json.loads(sys.argv[1])
 start = time.perf_counter()
-if args["what"][0] == "collbench":
+if args["what"][0] == "baseline":  # the interpreter and the emulator's modules, no run
+    import emulator.workloads.training, emulator.backends.inline  # noqa: E401, F401
+    summary = {{"sim_time_s": 0.0, "events": 0, "rounds": 0, "world_size": 1}}
+elif args["what"][0] == "collbench":
     from emulator.backends.inline import run_inline
     from emulator.collbench import _bench_program
     from emulator.config.schema import RunConfig
@@ -78,6 +81,10 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override for runs")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
+    baseline = measure(["baseline"], "inline", 1, [])["rss_bytes"]
+    print(
+        f"# {cores} cores; baseline RSS (interpreter + modules) {baseline / 2**20:.0f} MiB; KB/GPU = (RSS - baseline) / GPUs"
+    )
     print(f"{'scenario':<42} {'backend':<9} {'virtual s':>10} {'wall s':>8} {'speed':>7} {'events':>11} "
           f"{'ev/s/core':>10} {'rounds':>8} {'RSS MiB':>8} {'KB/GPU':>7}")  # fmt: skip
     for key in args.scenarios.split(","):
@@ -92,7 +99,7 @@ def main() -> None:
                 f"{label:<42} {backend:<9} {r['sim_s']:>10.3f} {wall:>8.1f} {r['sim_s'] / wall:>7.3f} "
                 f"{r['events']:>11} {r['events'] / wall / used:>10.0f} {r['rounds']:>8} "
                 f"{statistics.median(x['rss_bytes'] for x in runs) / 2**20:>8.0f} "
-                f"{statistics.median(x['rss_bytes'] for x in runs) / r['world'] / 1e3:>7.1f}",
+                f"{(statistics.median(x['rss_bytes'] for x in runs) - baseline) / r['world'] / 1e3:>7.1f}",
                 flush=True,
             )
 
