@@ -82,9 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     baseline = measure(["baseline"], "inline", 1, [])["rss_bytes"]
-    print(
-        f"# {cores} cores; baseline RSS (interpreter + modules) {baseline / 2**20:.0f} MiB; KB/GPU = (RSS - baseline) / GPUs"
-    )
+    note = "KB/GPU = (RSS - baseline) / GPUs"
+    print(f"# {cores} cores; baseline RSS (interpreter + modules) {baseline / 2**20:.0f} MiB; {note}")
     print(f"{'scenario':<42} {'backend':<9} {'virtual s':>10} {'wall s':>8} {'speed':>7} {'events':>11} "
           f"{'ev/s/core':>10} {'rounds':>8} {'RSS MiB':>8} {'KB/GPU':>7}")  # fmt: skip
     for key in args.scenarios.split(","):
