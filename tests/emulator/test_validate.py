@@ -19,8 +19,7 @@ def _table5(name):
     return next(row for row in TABLE5 if row[0] == name)
 
 
-@pytest.mark.parametrize("name", ["22B", "175B", pytest.param("530B", marks=pytest.mark.slow),
-                                  pytest.param("1T", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.parametrize("name", ["22B", "175B", "530B", "1T"])
 @pytest.mark.parametrize("mode", ["full", "selective_sp"])
 def test_table5_iteration_within_10_percent(name, mode):
     """Whole training iterations of the 22B-1T models are within 10% of Table 5."""
