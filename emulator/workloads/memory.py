@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
-from emulator.workloads.schedules import schedule_for
+from emulator.workloads.schedules import peak_in_flight, schedule_for
 from emulator.workloads.segments import layer_shape
 
 GiB = 2**30
@@ -127,20 +127,13 @@ def stage_memory(config, stage: int) -> StageMemory:
         size = per_chunk + (logits_bytes(config) if stage == p.pipeline - 1 and chunk == p.virtual_stages - 1 else 0)
         live += size if is_forward else -size
         peak = max(peak, live)
-    in_flight = max((live_count for live_count in _running_counts(actions)), default=0)
+    in_flight = peak_in_flight(actions)
     transient = 0
     if config.training.recompute == "full":  # one layer's activations are rebuilt during its backward
         full = activation_bytes_per_layer(_without_recompute(config))
         transient = full
     return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, in_flight, peak, transient,
                        get_gpu(gpu).hbm_bytes if gpu != "?" else 0)  # fmt: skip
-
-
-def _running_counts(actions):
-    live = 0
-    for is_forward, _, _ in actions:
-        live += 1 if is_forward else -1
-        yield live
 
 
 def _without_recompute(config):

@@ -21,15 +21,6 @@ A100 = get_gpu("a100-sxm-80gb")
 BUSBW_BYTES_PER_S = 230e9
 NCCL_LATENCY_S = 10e-6
 
-# published.yaml korthikanti_2022.one_layer_22b_ms: (recompute, sequence_parallel) -> (forward, backward).
-ONE_LAYER_22B_MS = {
-    ("none", False): (7.7, 11.9),
-    ("none", True): (7.2, 11.8),
-    ("full", False): (7.7, 19.5),
-    ("selective", False): (7.7, 13.2),
-    ("selective", True): (7.2, 13.1),
-}
-
 
 def shape_22b(sequence_parallel: bool = False) -> LayerShape:
     return LayerShape(6144, 64, 2048, 4, tensor_parallel=8, sequence_parallel=sequence_parallel)
