@@ -22,15 +22,17 @@ from emulator.workloads.segments import layer_shape
 GiB = 2**30
 
 
-def activation_bytes_per_layer(config) -> int:
-    """Korthikanti et al. 2022, Table 2 (``s*b*h*(...)`` bytes for 16-bit activations)."""
+def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
+    """Korthikanti et al. 2022, Table 2 (``s*b*h*(...)`` bytes for 16-bit activations), for the
+    config's recomputation or the one given."""
     m, p, t = config.model, config.parallel, config.training
+    recompute = recompute or t.recompute
     s, b, h, a, tp = t.seq_length, t.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tensor
     sp = p.sequence_parallel and tp > 1
     sbh = s * b * h
-    if t.recompute == "full":
+    if recompute == "full":
         value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
-    elif t.recompute == "selective":
+    elif recompute == "selective":
         value = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
     elif tp == 1:
         value = sbh * (34 + 5 * a * s / h)
@@ -130,18 +132,9 @@ def stage_memory(config, stage: int) -> StageMemory:
     in_flight = peak_in_flight(actions)
     transient = 0
     if config.training.recompute == "full":  # one layer's activations are rebuilt during its backward
-        full = activation_bytes_per_layer(_without_recompute(config))
-        transient = full
+        transient = activation_bytes_per_layer(config, "none")
     return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, in_flight, peak, transient,
                        get_gpu(gpu).hbm_bytes if gpu != "?" else 0)  # fmt: skip
-
-
-def _without_recompute(config):
-    import copy
-
-    clone = copy.deepcopy(config)
-    clone.training.recompute = "none"
-    return clone
 
 
 def memory_report(config) -> str:

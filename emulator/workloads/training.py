@@ -67,11 +67,8 @@ def training_program(config):
     layer_weight_bytes = lc.layer_params_per_rank(shape) * (4 if t.precision == "fp32" else 2)
     bucket_bytes = int(p.bucket_size_mb * MiB)
     act_layer = activation_bytes_per_layer(config)
-    full_layer = 0
-    if t.recompute == "full":
-        from emulator.workloads.memory import _without_recompute
-
-        full_layer = activation_bytes_per_layer(_without_recompute(config))
+    # with full recomputation one layer's activations are rebuilt during its backward
+    full_layer = activation_bytes_per_layer(config, "none") if t.recompute == "full" else 0
     segments_by_gpu: dict[str, object] = {}
 
     def program(gpu) -> None:
