@@ -93,7 +93,7 @@ class GPU:
             raise ProgramError(f"rank {self.rank}: compute({name!r}) duration_ns must be >= 0")
         op = Op(COMPUTE, name, int(duration_ns), flops)
         self._shard.launch(self._gpu, op, stream)
-        return Handle(self, op)
+        return op
 
     def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
@@ -151,7 +151,7 @@ class GPU:
 
     def synchronize(self) -> int:
         """Block until every stream has drained; returns the virtual time in nanoseconds."""
-        op = self._launch(Op(SYNC, "synchronize"), "compute", comm=False, after_all=True)._op
+        op = self._launch(Op(SYNC, "synchronize"), "compute", comm=False, after_all=True)
         self._shard.wait_for(self._gpu, op)
         return op.t_end
 
@@ -194,8 +194,4 @@ class GPU:
 
     def _launch(self, op: Op, stream: str, comm: bool, after_all: bool = False) -> Handle:
         self._shard.launch(self._gpu, op, stream, comm, after_all)
-        return Handle(self, op)
-
-    def _wait_on(self, op: Op, stream: str) -> None:
-        if not op.done:
-            self._gpu.pending_waits.setdefault(stream, []).append(op)
+        return op

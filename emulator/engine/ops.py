@@ -35,6 +35,7 @@ class Op:
         "b",
         "c",
         "d",
+        "gpu",
     )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
@@ -57,22 +58,23 @@ class Op:
             self.name = f"{call.op} #{seq} on group[{shown}] ({call.size_bytes} B, {self.b.name})"
         return self.name
 
-
-class Handle:
-    """What a launch returns: ``wait()`` orders later compute work after this operation."""
-
-    __slots__ = ("_api", "_op")
-
-    def __init__(self, api, op: Op):
-        self._api = api
-        self._op = op
-
     def wait(self, stream: str = "compute") -> None:
-        """Make ``stream``'s next operation wait for this one (host does not block)."""
-        self._api._wait_on(self._op, stream)
+        """Make ``stream``'s next operation wait for this one (the host does not block)."""
+        if not self.done:
+            waits = self.gpu.pending_waits
+            pending = waits.get(stream)
+            if pending is None:
+                waits[stream] = [self]
+            else:
+                pending.append(self)
 
     def __repr__(self) -> str:
-        return f"<Handle {self._op.name}>"
+        return f"<Handle {self.describe()}>"
+
+
+# What a launch returns: the operation itself, whose ``wait()`` orders later work after it (one
+# object per launch instead of two: launches are the hot path of every program).
+Handle = Op
 
 
 class Allocation:

@@ -166,6 +166,7 @@ class Shard:
         if stream is None:
             stream = gpu.stream(stream_name)
         op.stream = stream
+        op.gpu = gpu
         deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
         if after_all:
             deps = deps or []
