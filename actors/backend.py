@@ -20,13 +20,11 @@ import time
 from pathlib import Path
 
 from emulator.backends.inline import shard_layout
-from emulator.engine.coordinator import INF, Observer, publish
+from emulator.engine.coordinator import INF, OBSERVE_EVERY_S, Observer, horizon_step, publish
 from emulator.engine.diagnose import raise_for_stuck
 from emulator.errors import BackendError, EmulatorError
 from emulator.summary import RunResult, merge
 
-OBSERVE_EVERY_S = 0.5  # as run_rounds
-WINDOW_NS = 1e7  # run_rounds' slice of virtual time for a single observed shard
 CHECK_EVERY_S = 1.0  # a round still running after this long has its shards pinged
 PING_TIMEOUT_S = 5.0  # a shard that does not answer a ping this long is lost (host gone or frozen)
 START_TIMEOUT_S = 60.0  # creating the actors (worker processes, maybe on other hosts)
@@ -288,7 +286,7 @@ def _drive(ray, pool: ShardPool, config, topo, layout, rank_shard, observer, tra
                                   for i in range(n)})  # fmt: skip
     nexts = [started[i] for i in range(n)]
     # run_rounds' step: one unobserved shard runs to the end in one call
-    step = (WINDOW_NS if observer is not None else INF) if n == 1 else topo.min_cross_node_latency_ns()
+    step = horizon_step(n, topo.min_cross_node_latency_ns(), observer is not None)
     inbox: list[list[bytes]] = [[] for _ in range(n)]
     rounds = cross = 0
     t_min = 0.0

@@ -53,12 +53,23 @@ class RoundStats:
         self.cross_shard_messages = 0
 
 
+OBSERVE_EVERY_S = 0.5  # wall seconds between live observations
+WINDOW_NS = 1e7  # virtual time a single observed shard advances per round
+
+
+def horizon_step(shards: int, lookahead_ns: int, observed: bool, window_ns: float = WINDOW_NS) -> float:
+    """How far past the earliest pending event a round may go (the conservative rule; every backend)."""
+    if shards > 1:
+        return lookahead_ns
+    return window_ns if observed else INF
+
+
 def run_rounds(
     shards: Sequence[ShardLike],
     lookahead_ns: int,
     observer: Observer | None = None,
-    observe_every_s: float = 0.5,
-    window_ns: float = 1e7,
+    observe_every_s: float = OBSERVE_EVERY_S,
+    window_ns: float = WINDOW_NS,
 ) -> RoundStats:
     """Drive shards to the end of the run.
 
@@ -67,8 +78,7 @@ def run_rounds(
     work is cut never changes results.
     """
     stats = RoundStats()
-    single = len(shards) == 1
-    step = (window_ns if observer is not None else INF) if single else lookahead_ns
+    step = horizon_step(len(shards), lookahead_ns, observer is not None, window_ns)
     last_observed = time.monotonic()
     t_min = 0.0
     while True:
