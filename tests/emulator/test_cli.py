@@ -1,0 +1,74 @@
+"""The command line: exit codes, one-line errors, collbench JSON, check's memory table."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from emulator.cli import main
+from tests.conftest import CONFIGS, ROOT
+
+
+@pytest.mark.parametrize("example,message", [
+    ("deadlock", "error: deadlock: 32 rank(s) blocked forever: rank 0"),
+    ("mismatch", "error: collective mismatch at t="),
+    ("oom", "error: out of memory on rank 0"),
+])  # fmt: skip
+def test_user_errors_exit_2_with_one_line(example, message, capsys, tmp_path):
+    """Bug reports are one line on stderr, exit code 2, no traceback."""
+    code = main(["run", str(CONFIGS / "examples" / f"{example}.yaml"), "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith(message)
+    assert (tmp_path / "config.yaml").is_file()  # written before the run
+
+
+def test_unknown_key_on_the_command_line_exits_2(capsys):
+    code = main(["check", str(CONFIGS / "runs" / "megatron-22b-8gpu.yaml"), "--set", "parallel.tensr=4"])
+    assert code == 2
+    assert "unknown key 'parallel.tensr'; did you mean 'tensor'?" in capsys.readouterr().err
+
+
+def test_check_prints_memory_per_stage(capsys):
+    assert main(["check", str(CONFIGS / "runs" / "megatron-175b-64gpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "ok (64 GPUs)" in out and "peak GiB" in out and len(out.strip().splitlines()) == 2 + 8
+
+
+def test_collbench_json_rows(capsys):
+    """--json prints rows with size_bytes, time_us, algbw_GBps, busbw_GBps."""
+    args = ["collbench", "--cluster", "dgx-a100-hdr", "--gpus", "8", "--min-bytes", "1M", "--max-bytes", "4M", "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["size_bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
+    assert set(rows[0]) == {"size_bytes", "time_us", "algbw_GBps", "busbw_GBps"}
+    assert rows[-1]["busbw_GBps"] == pytest.approx(rows[-1]["algbw_GBps"] * 2 * 7 / 8)
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    """``python -m emulator`` is the ``emulator`` command; success exits 0 and writes summary.json."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emulator",
+            "run",
+            str(CONFIGS / "examples" / "ping-pong.yaml"),
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "program_args.iterations=1",
+        ],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("sim_time_s", "wall_time_s", "events", "world_size", "iteration_time_s", "bytes_by_tier",
+                "message_size_histogram", "fingerprint"):  # fmt: skip
+        assert key in summary
