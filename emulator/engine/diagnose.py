@@ -24,24 +24,29 @@ def blocked_ranks(shard) -> list[dict]:
         gpu = shard.gpus[rank]
         if gpu.finished and gpu.outstanding == 0:
             continue
-        waits, colls = [], []
+        waits, colls, waits_on = [], [], []
         for stream in gpu.streams.values():
             if not stream.ops:
                 continue
             op = stream.ops[0]
             if op.kind == RECV:
                 waits.append(f"{op.describe()} on stream {stream.name}")
+                waits_on.append(op.a)
             elif op.kind == COLL and op.started:
                 peers = sorted({key[3] for key, w in gpu.waiters.items() if getattr(w, "run", None) is not None
                                 and w.run.op is op})  # fmt: skip
+                arrived = shard.rendezvous.get(op.c)
+                if arrived is not None:  # intra-node fast path: waiting for members to arrive
+                    peers = sorted(set(op.a.ranks) - {g.rank for g, _ in arrived})
                 waits.append(f"{op.describe()} waiting for rank(s) {_short(peers)}")
+                waits_on.extend(peers)
                 colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.describe(), "ranks": list(op.a.ranks)})
             elif op.deps_left:
                 waits.append(f"{op.describe()} on stream {stream.name} waiting for another stream")
             else:
                 waits.append(f"{op.describe()} on stream {stream.name}")
         result.append({"rank": rank, "time_ns": gpu.last_time, "waits": waits, "colls": colls,
-                       "issued": dict(gpu.coll_seq)})  # fmt: skip
+                       "waits_on": waits_on})  # fmt: skip
     return result
 
 
@@ -81,4 +86,29 @@ def raise_for_stuck(blocked: list[dict]) -> None:
     parts = [f"rank {b['rank']} (t={b['time_ns'] / 1e9:.6f} s): {'; '.join(b['waits']) or 'no runnable op'}"
              for b in blocked[:6]]  # fmt: skip
     more = f" (+{len(blocked) - 6} more ranks)" if len(blocked) > 6 else ""
-    raise DeadlockError(f"deadlock: {len(blocked)} rank(s) blocked forever: " + " | ".join(parts) + more)
+    raise DeadlockError(
+        f"deadlock: {len(blocked)} rank(s) blocked forever{_cycle(by_rank)}: " + " | ".join(parts) + more
+    )
+
+
+def _cycle(by_rank: dict[int, dict]) -> str:
+    """A cycle of ranks each waiting for the next, if there is one (the classic receive-first bug)."""
+    for start in sorted(by_rank):
+        path, seen = [start], {start}
+        rank = start
+        while True:
+            nxt = next((r for r in by_rank[rank].get("waits_on", []) if r in by_rank), None)
+            if nxt is None:
+                break
+            if nxt in seen:
+                loop = path[path.index(nxt) :] + [nxt]
+                shown = (
+                    " <- ".join(map(str, loop))
+                    if len(loop) <= 9
+                    else " <- ".join([*map(str, loop[:4]), "...", *map(str, loop[-3:])])
+                )
+                return f" (wait cycle of {len(loop) - 1} ranks: {shown})"
+            path.append(nxt)
+            seen.add(nxt)
+            rank = nxt
+    return ""

@@ -11,7 +11,7 @@ from tests.conftest import CONFIGS, ROOT
 
 
 @pytest.mark.parametrize("example,message", [
-    ("deadlock", "error: deadlock: 32 rank(s) blocked forever: rank 0"),
+    ("deadlock", "error: deadlock: 32 rank(s) blocked forever (wait cycle of 32 ranks: 0 <- 31"),
     ("mismatch", "error: collective mismatch at t="),
     ("oom", "error: out of memory on rank 0"),
 ])  # fmt: skip

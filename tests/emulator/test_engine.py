@@ -38,7 +38,8 @@ def test_synchronize_returns_virtual_time(run):
 
 def test_deadlock_is_reported_with_ranks_and_ops():
     config = load_run(CONFIGS / "examples" / "deadlock.yaml")
-    with pytest.raises(DeadlockError, match=r"deadlock: 32 rank\(s\) blocked forever: rank 0 .*recv\(src=31"):
+    pattern = r"blocked forever \(wait cycle of 32 ranks: 0 <- 31 <- 30 .*\): rank 0 .*recv\(src=31"
+    with pytest.raises(DeadlockError, match=pattern):
         execute(config)
 
 
