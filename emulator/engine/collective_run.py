@@ -1,0 +1,172 @@
+"""How a shard executes collectives: message-level channels of steps, or the intra-node fast path.
+
+A collective op expands (netmodel/collectives) into channels of steps; each step's sends leave
+at once and the step ends when its sends have left and its receives have arrived. Every message of
+a call carries the call's signature, so members that disagree are reported as a collective
+mismatch. Groups inside one node complete in closed form instead (netmodel/collectives/analytic),
+when the last member arrives. :class:`CollectiveExecution` is part of
+:class:`~emulator.engine.shard.Shard`; it is kept apart so that the event loop reads on its own.
+"""
+
+from __future__ import annotations
+
+from emulator.engine.events import EV_OP_DONE, EV_STEP
+from emulator.engine.ops import Op
+from emulator.engine.vgpu import VirtualGPU
+from emulator.errors import CollectiveMismatchError
+from netmodel.collectives.analytic import ANALYTIC, closed_form
+
+
+class CollRun:
+    """A member's execution of one collective: its channels and message counters."""
+
+    __slots__ = ("op", "gid", "seq", "sig", "size", "left", "t_end", "scount", "rcount")
+
+    def __init__(self, op: Op, left: int):
+        self.op = op
+        self.gid, self.seq = op.c
+        self.sig = op.d
+        self.size = op.a.size_bytes
+        self.left = left
+        self.t_end = 0
+        self.scount: dict = {}
+        self.rcount: dict = {}
+
+
+class Chan:
+    """One channel of a collective in progress: its step iterator and outstanding receives."""
+
+    __slots__ = ("run", "it", "pending", "t_end")
+
+    def __init__(self, run: CollRun, it):
+        self.run = run
+        self.it = it
+        self.pending = 0
+        self.t_end = 0
+
+
+class CollectiveExecution:
+    """Collective execution for :class:`~emulator.engine.shard.Shard` (uses its links, heap and stats)."""
+
+    def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
+            self._rendezvous(gpu, op, t)
+            return
+        assert self.fold == 1 or all(r % self.fold == 0 for r in op.a.ranks), "folded runs expand no tensor group"
+        channels = op.b.channels(op.a, self.topo)
+        run = CollRun(op, len(channels))
+        if not channels:
+            self._push(t, EV_OP_DONE, gpu, op)
+            return
+        for it in channels:
+            self._step(gpu, Chan(run, it), t)
+
+    def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        """Fast path for a group inside one node (hence one shard): see netmodel/collectives/analytic."""
+        key = op.c
+        arrived = self.rendezvous.get(key)
+        if arrived is None:
+            arrived = self.rendezvous[key] = []
+        if arrived and arrived[0][1].d != op.d:
+            from emulator.engine.diagnose import describe_sig
+
+            other = arrived[0]
+            raise CollectiveMismatchError(
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.describe()} but rank {other[0].rank} "
+                f"issued {describe_sig(other[1].d)} as call #{key[1]} on the same group"
+            )
+        arrived.append((gpu, op))
+        call = op.a
+        if len(arrived) < self.groups[call.ranks].arrivals:
+            return
+        del self.rendezvous[key]
+        ranks = call.ranks
+        ports = self.group_ports.get(ranks)
+        if ports is None:
+            ports = self.group_ports[ranks] = self._ports(ranks)
+        links, tx, rx, bw, latency = ports
+        duration, messages, msg_bytes = closed_form(op.b.name, call, bw, latency)
+        free = self.link_free
+        start = t
+        for link in links:
+            if free[link] > start:
+                start = free[link]
+        end = start + duration
+        if call.op in ("broadcast", "reduce") and call.n > 1:
+            # a chain from the root (broadcast) or to it (reduce): the end that has no peer
+            # neither sends nor receives on that side
+            topo = self.topo
+            at = call.root_index
+            chain = ranks[at:] + ranks[:at]
+            if call.op == "reduce":
+                chain = chain[1:][::-1] + chain[:1]
+            per = messages // (call.n - 1)
+            tx = tuple(topo.su_tx[r] for r in chain[:-1])
+            rx = tuple(topo.su_rx[r] for r in chain[1:])
+        else:
+            per = messages // call.n
+        busy = per * int(-(-msg_bytes // bw))
+        self.stats.ports(tx, per, msg_bytes, busy, start - t)
+        self.stats.ports(rx, per, msg_bytes, busy, start - t)
+        for link in links:
+            free[link] = end  # every member's ports are held for the whole collective
+        self.stats.messages(0, msg_bytes, call.op, start, messages, end)
+        for member, member_op in arrived:
+            self._push(end, EV_OP_DONE, member, member_op)
+
+    def _ports(self, ranks: tuple[int, ...]) -> tuple:
+        """(all ports, tx ports, rx ports, slowest bandwidth, latency) of a one-node group."""
+        topo = self.topo
+        tx = tuple(topo.su_tx[r] for r in ranks)
+        rx = tuple(topo.su_rx[r] for r in ranks)
+        links = tx + rx
+        return links, tx, rx, min(topo.link_bw[link] for link in links), topo.su_latency_ns[topo.rank_node[ranks[0]]]
+
+    def _step(self, gpu: VirtualGPU, chan: Chan, t: int) -> None:
+        run = chan.run
+        step = next(chan.it, None)
+        if step is None:
+            run.left -= 1
+            if t > run.t_end:
+                run.t_end = t
+            if run.left == 0:
+                self._complete(gpu, run.op, run.t_end)
+            return
+        sends, recvs = step
+        t_end = t
+        scount, rcount = run.scount, run.rcount
+        for peer, size, ch in sends:
+            ck = (peer, ch)
+            k = scount.get(ck, 0)
+            scount[ck] = k + 1
+            end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t, run.op.a.op)
+            if end > t_end:
+                t_end = end
+        pending = 0
+        mailbox = gpu.mailbox
+        for peer, _size, ch in recvs:
+            ck = (peer, ch)
+            k = rcount.get(ck, 0)
+            rcount[ck] = k + 1
+            key = (run.gid, run.seq, ch, peer, k)
+            msg = mailbox.pop(key, None)
+            if msg is None:
+                gpu.waiters[key] = chan
+                pending += 1
+            else:
+                self._check_sig(gpu, run, peer, msg[2], t)
+                if msg[0] > t_end:
+                    t_end = msg[0]
+        chan.pending = pending
+        chan.t_end = t_end
+        if pending == 0:
+            self._push(t_end, EV_STEP, gpu, chan)
+
+    def _check_sig(self, gpu: VirtualGPU, run: CollRun, peer: int, sig: int, t: int) -> None:
+        if sig != run.sig:
+            from emulator.engine.diagnose import describe_sig
+
+            raise CollectiveMismatchError(
+                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.describe()} but rank {peer} "
+                f"issued {describe_sig(sig)} as call #{run.seq} on the same group"
+            )
