@@ -24,6 +24,7 @@ import msgpack
 import ray
 
 from emulator.engine.folding import fold_factor
+from emulator.engine.gc_tuning import tune_process
 from emulator.engine.shard import Shard
 from emulator.programs import forget_program, resolve_program
 from emulator.summary import export_shard
@@ -100,6 +101,7 @@ class ShardHost:
     """The actor's body, a plain class (the Ray actor is ``ShardActor`` below)."""
 
     def __init__(self) -> None:
+        tune_process()  # this process only hosts a shard: keep the cyclic collector out of its loop
         self.shard: Shard | None = None
         self.program_digests: dict[str, str] = {}  # actors serve several runs of one driver
         code_digest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from emulator.engine.coordinator import Observer, plan_shards, run_rounds
 from emulator.engine.diagnose import raise_for_stuck
 from emulator.engine.folding import fold_factor
+from emulator.engine.gc_tuning import relaxed_gc
 from emulator.engine.shard import Shard
 from emulator.programs import resolve_program
 from emulator.summary import RunResult, export_shard, merge
@@ -31,11 +32,11 @@ def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, 
         program, args = resolve_program(config)
     layout, rank_shard = shard_layout(topo, shards)
     fold = fold_factor(config, topo) if program_is_workload else 1
-    objs = [
-        Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks, fold) for i, ranks in enumerate(layout)
-    ]
-    for shard in objs:
-        shard.start()
-    stats = run_rounds(objs, topo.min_cross_node_latency_ns(), observer)
+    with relaxed_gc():
+        objs = [Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks, fold)
+                for i, ranks in enumerate(layout)]  # fmt: skip
+        for shard in objs:
+            shard.start()
+        stats = run_rounds(objs, topo.min_cross_node_latency_ns(), observer)
     raise_for_stuck([b for s in objs for b in s.blocked()])
     return merge(topo.world_size, [export_shard(s) for s in objs], stats.rounds, stats.cross_shard_messages)
