@@ -7,6 +7,8 @@
 # driver. Every port is fixed so that a firewall can let exactly these through (the README (Run on Ray),
 # "Run on four hosts"); a flag given after NUM_CPUS overrides the one here (the last one wins).
 set -euo pipefail
+# shellcheck source=ports.sh
+source "$(dirname "$0")/ports.sh"
 cpus=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 ))
 if [[ $# -gt 0 && "$1" != -* ]]; then cpus="$1"; shift; fi
 # Every connection to the cluster presents a shared token (~/.ray/auth_token): make it here once,
@@ -18,9 +20,5 @@ exec ray start --head \
   --port=6379 \
   --num-cpus="$cpus" \
   --dashboard-host=0.0.0.0 --dashboard-port=8265 \
-  --node-manager-port=6380 --object-manager-port=6381 \
-  --runtime-env-agent-port=6382 --dashboard-agent-grpc-port=6383 --dashboard-agent-listen-port=52365 \
-  --metrics-export-port=8090 \
-  --min-worker-port=10002 --max-worker-port=10999 \
-  --disable-usage-stats \
+  "${RAY_NODE_PORT_FLAGS[@]}" \
   "$@"

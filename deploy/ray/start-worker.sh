@@ -6,6 +6,8 @@
 # NUM_CPUS is how many shards this host takes (one core each; default: all its cores). The ports
 # are those of start-head.sh: open them between all hosts (the README (Run on Ray), "Run on four hosts").
 set -euo pipefail
+# shellcheck source=ports.sh
+source "$(dirname "$0")/ports.sh"
 head="${1:?usage: start-worker.sh HEAD_IP[:PORT] [NUM_CPUS] [ray start flags]}"
 [[ "$head" == *:* ]] || head="$head:6379"
 shift
@@ -18,9 +20,5 @@ if [[ "$RAY_AUTH_MODE" == token && -z "${RAY_AUTH_TOKEN:-}" && ! -s "${RAY_AUTH_
 fi
 exec ray start --address="$head" \
   --num-cpus="$cpus" \
-  --node-manager-port=6380 --object-manager-port=6381 \
-  --runtime-env-agent-port=6382 --dashboard-agent-grpc-port=6383 --dashboard-agent-listen-port=52365 \
-  --metrics-export-port=8090 \
-  --min-worker-port=10002 --max-worker-port=10999 \
-  --disable-usage-stats \
+  "${RAY_NODE_PORT_FLAGS[@]}" \
   "$@"

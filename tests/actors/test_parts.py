@@ -87,5 +87,5 @@ def test_deploy_files_are_valid():
     config = prepare_config(yaml.safe_load((ROOT / "deploy/ray/cluster.yaml").read_text()))
     validate_config(config)
     assert len(config["provider"]["worker_ips"]) == 3 and config["max_workers"] == 3
-    for script in ("start-head.sh", "start-worker.sh"):
+    for script in ("start-head.sh", "start-worker.sh", "ports.sh"):
         subprocess.run(["bash", "-n", str(ROOT / "deploy/ray" / script)], check=True)
