@@ -10,7 +10,9 @@ when the last member arrives. :class:`CollectiveExecution` is part of
 
 from __future__ import annotations
 
+from emulator.engine.diagnose import describe_sig
 from emulator.engine.events import EV_OP_DONE, EV_STEP
+from emulator.engine.folding import is_representative
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import CollectiveMismatchError
@@ -20,13 +22,12 @@ from netmodel.collectives.analytic import ANALYTIC, closed_form
 class CollRun:
     """A member's execution of one collective: its channels and message counters."""
 
-    __slots__ = ("op", "gid", "seq", "sig", "size", "left", "t_end", "scount", "rcount")
+    __slots__ = ("op", "gid", "seq", "sig", "left", "t_end", "scount", "rcount")
 
     def __init__(self, op: Op, left: int):
         self.op = op
         self.gid, self.seq = op.c
         self.sig = op.d
-        self.size = op.a.size_bytes
         self.left = left
         self.t_end = 0
         self.scount: dict = {}
@@ -52,7 +53,7 @@ class CollectiveExecution:
         if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
             self._rendezvous(gpu, op, t)
             return
-        assert self.fold == 1 or all(r % self.fold == 0 for r in op.a.ranks), "folded runs expand no tensor group"
+        assert all(is_representative(r, self.fold) for r in op.a.ranks), "folded runs expand no tensor group"
         channels = op.b.channels(op.a, self.topo)
         run = CollRun(op, len(channels))
         if not channels:
@@ -68,13 +69,7 @@ class CollectiveExecution:
         if arrived is None:
             arrived = self.rendezvous[key] = []
         if arrived and arrived[0][1].d != op.d:
-            from emulator.engine.diagnose import describe_sig
-
-            other = arrived[0]
-            raise CollectiveMismatchError(
-                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.describe()} but rank {other[0].rank} "
-                f"issued {describe_sig(other[1].d)} as call #{key[1]} on the same group"
-            )
+            raise _mismatch(gpu, op, arrived[0][0].rank, arrived[0][1].d, t)
         arrived.append((gpu, op))
         call = op.a
         if len(arrived) < self.groups[call.ranks].arrivals:
@@ -164,9 +159,12 @@ class CollectiveExecution:
 
     def _check_sig(self, gpu: VirtualGPU, run: CollRun, peer: int, sig: int, t: int) -> None:
         if sig != run.sig:
-            from emulator.engine.diagnose import describe_sig
+            raise _mismatch(gpu, run.op, peer, sig, t)
 
-            raise CollectiveMismatchError(
-                f"collective mismatch at t={t} ns: rank {gpu.rank} issued {run.op.describe()} but rank {peer} "
-                f"issued {describe_sig(sig)} as call #{run.seq} on the same group"
-            )
+
+def _mismatch(gpu: VirtualGPU, op: Op, peer: int, peer_sig: int, t: int) -> CollectiveMismatchError:
+    """The report when a peer's call #k on the same group is not this rank's call #k."""
+    return CollectiveMismatchError(
+        f"collective mismatch at t={t} ns: rank {gpu.rank} issued {op.describe()} but rank {peer} "
+        f"issued {describe_sig(peer_sig)} as call #{op.c[1]} on the same group"
+    )

@@ -58,7 +58,7 @@ def shift_name(name: str, offset: int, fold: int) -> str:
 
     def group(m: re.Match) -> str:
         ranks = [int(r) for r in m.group(1).split(",")]
-        if all(r % fold == 0 for r in ranks):
+        if all(is_representative(r, fold) for r in ranks):
             ranks = [r + offset for r in ranks]
         return f"group[{','.join(map(str, ranks))}{m.group(2) or ''}]"
 

@@ -19,7 +19,9 @@ from greenlet import greenlet
 
 from emulator.engine.api import GPU, Group
 from emulator.engine.collective_run import Chan, CollectiveExecution
+from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
+from emulator.engine.folding import is_representative
 from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
@@ -36,8 +38,7 @@ class Shard(CollectiveExecution):
         self.topo = topo
         # symmetry folding (emulator/engine/folding.py): host only each tensor group's representative
         self.fold = fold
-        self.all_ranks = list(ranks)
-        ranks = [r for r in ranks if r % fold == 0]
+        ranks = [r for r in ranks if is_representative(r, fold)]
         self.trace_requested = set(trace_ranks)
         trace_ranks = {r - r % fold for r in trace_ranks}
         self.index = index
@@ -114,7 +115,7 @@ class Shard(CollectiveExecution):
             g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
             # with folding, only representatives issue calls: a group of one representative
             # and its tensor peers completes when the representative arrives
-            g.arrivals = sum(1 for r in ranks if r % self.fold == 0)
+            g.arrivals = sum(1 for r in ranks if is_representative(r, self.fold))
         return g
 
     def default_algorithm(self, op: str, group: Group) -> str:
@@ -424,8 +425,6 @@ class Shard(CollectiveExecution):
 
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""
-        from emulator.engine.diagnose import blocked_ranks
-
         return blocked_ranks(self)
 
 

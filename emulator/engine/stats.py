@@ -65,9 +65,6 @@ class ShardStats:
                     self.link_max_wait_ns[link] = wait
         self.port_acc.clear()
 
-    def message(self, tier: int, size: int, kind: str, t: int, t_end: int = 0) -> None:
-        self.messages(tier, size, kind, t, 1, t_end)
-
     def messages(self, tier: int, size: int, kind: str, t: int, count: int, t_end: int = 0) -> None:
         """Account ``count`` messages of ``size`` bytes sent on ``tier`` from ``t``; their bytes go to
         the time buckets of ``[t, t_end)`` (all to the bucket of ``t`` when ``t_end`` is not later)."""

@@ -70,7 +70,3 @@ class VirtualGPU:
         if s is None:
             s = self.streams[name] = Stream(name)
         return s
-
-    @property
-    def idle(self) -> bool:
-        return self.outstanding == 0

@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 from emulator.errors import ConfigError
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
 
 
