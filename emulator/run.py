@@ -64,8 +64,7 @@ def write_config(out_dir: Path, config) -> Path:
 
 def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
     """Write the resolved config and ``summary.json``; returns the directory."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    write_config(out_dir, config)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out_dir
 
