@@ -108,6 +108,9 @@ class EngineConfig:
     # the built-in workload on nodes that are exactly one tensor group with a NIC per GPU: run one
     # virtual GPU per tensor group (results identical, events / tensor size; emulator/engine/folding.py)
     fold_tensor_groups: bool = True
+    # where message-level collectives run: "compiled" (numba, emulator/engine/netcore.py) or
+    # "python" (the reference implementation); the results are the same bit for bit
+    collective_engine: Literal["compiled", "python"] = "compiled"
 
     def validate(self, path: str) -> None:
         require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")

@@ -71,17 +71,30 @@ class GPU:
         self.args = args
         self.config = config
         self.precision: str = getattr(getattr(config, "training", None), "precision", "bf16")
-        self.world: Group = shard.group(tuple(range(topo.world_size)))
+        self.world: Group = shard.world_group()
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, ranks) -> Group:
         """The process group of ``ranks`` (order matters: it is the ring order)."""
+        ranks_arg = ranks
+        # every member of a group asks for it: after the first, a ``range`` is found without
+        # hashing its thousands of ranks again (tuples do not cache their hash)
+        by_range = self._shard.range_groups
+        known = by_range.get(ranks) if type(ranks) is range else None
+        if known is None:
+            ranks = tuple(ranks)
+            known = self._shard.groups.get(ranks)
+        if known is not None and self.rank in known.index:
+            return known
         ranks = tuple(int(r) for r in ranks)
         if self.rank not in ranks:
             raise ProgramError(f"rank {self.rank}: new_group({list(ranks)[:8]}...) does not contain this rank")
         if len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= self.world_size:
             raise ProgramError(f"rank {self.rank}: new_group has duplicate or out-of-range ranks")
-        return self._shard.group(ranks)
+        group = self._shard.group(ranks)
+        if type(ranks_arg) is range:
+            by_range[ranks_arg] = group
+        return group
 
     # -- launches ----------------------------------------------------------------------------
     def compute(self, name: str = "compute", *, flops: float = 0.0, bytes: float = 0.0, kind: str = "matmul",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from emulator.engine.diagnose import describe_sig
 from emulator.engine.events import EV_OP_DONE, EV_STEP
 from emulator.engine.folding import is_representative
+from emulator.engine.netcore import COMPLETE, MISMATCH
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import CollectiveMismatchError
@@ -53,7 +54,16 @@ class CollectiveExecution:
         if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
             self._rendezvous(gpu, op, t)
             return
-        assert all(is_representative(r, self.fold) for r in op.a.ranks), "folded runs expand no tensor group"
+        assert self.fold == 1 or all(is_representative(r, self.fold) for r in op.a.ranks), "folded: no tensor group"
+        if self.compiled:
+            status = self.core.start(gpu, op, t)
+            if status < 0:  # no channels: nothing to send
+                self._push(t, EV_OP_DONE, gpu, op)
+            elif status == COMPLETE:
+                self._core_completed()
+            elif status == MISMATCH:
+                self._core_mismatch()
+            return
         channels = op.b.channels(op.a, self.topo)
         run = CollRun(op, len(channels))
         if not channels:
@@ -82,10 +92,7 @@ class CollectiveExecution:
         links, tx, rx, bw, latency = ports
         duration, messages, msg_bytes = closed_form(op.b.name, call, bw, latency)
         free = self.link_free
-        start = t
-        for link in links:
-            if free[link] > start:
-                start = free[link]
+        start = max(t, int(free[list(links)].max()))
         end = start + duration
         if call.op in ("broadcast", "reduce") and call.n > 1:
             # a chain from the root (broadcast) or to it (reduce): the end that has no peer
@@ -156,6 +163,16 @@ class CollectiveExecution:
         chan.t_end = t_end
         if pending == 0:
             self._push(t_end, EV_STEP, gpu, chan)
+
+    def _core_mismatch(self) -> None:
+        gpu, op, peer, sig, t = self.core.mismatch()
+        raise _mismatch(gpu, op, peer, sig, t)
+
+    def collective_waits(self, gpu: VirtualGPU, op: Op) -> list[int]:
+        """Peers whose messages ``op`` (a started message-level collective) still waits for."""
+        if self.compiled:
+            return self.core.waiting_peers(gpu.rank, op)
+        return sorted({key[3] for key, w in gpu.waiters.items() if type(w) is Chan and w.run.op is op})
 
     def _check_sig(self, gpu: VirtualGPU, run: CollRun, peer: int, sig: int, t: int) -> None:
         if sig != run.sig:

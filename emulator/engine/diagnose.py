@@ -33,8 +33,7 @@ def blocked_ranks(shard) -> list[dict]:
                 waits.append(f"{op.describe()} on stream {stream.name}")
                 waits_on.append(op.a)
             elif op.kind == COLL and op.started:
-                peers = sorted({key[3] for key, w in gpu.waiters.items() if getattr(w, "run", None) is not None
-                                and w.run.op is op})  # fmt: skip
+                peers = shard.collective_waits(gpu, op)
                 arrived = shard.rendezvous.get(op.c)
                 if arrived is not None:  # intra-node fast path: waiting for members to arrive
                     peers = sorted(set(op.a.ranks) - {g.rank for g, _ in arrived})

@@ -22,6 +22,7 @@ from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
 from emulator.engine.folding import is_representative
+from emulator.engine.netcore import COMPLETE, GROW, MISMATCH, NO_LIMIT, NetCore
 from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
@@ -46,13 +47,22 @@ class Shard(CollectiveExecution):
         self.config = config
         self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
         self.heap: list = []
-        self.stats = ShardStats(topo, int(getattr(getattr(config, "engine", None), "timeline_bucket_us", 1000) * 1000))
-        self.link_free = [0] * len(topo.link_bw)
+        engine = getattr(config, "engine", None)
+        self.stats = ShardStats(topo, int(getattr(engine, "timeline_bucket_us", 1000) * 1000))
+        # message-level collectives run in the compiled core (netcore.py) unless the reference
+        # Python path is asked for; both share the link state and the per-sender message counters
+        self.core = NetCore(topo, index, rank_shard, fold, self.stats)
+        self.stats.core = self.core
+        self.compiled = getattr(engine, "collective_engine", "compiled") == "compiled"
+        self.link_free = self.core.lfree
+        self.mseq = self.core.mseq
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
         self.group_ports: dict[tuple, tuple] = {}  # one-node group -> its ports (fast path)
         self.fast_collectives = getattr(getattr(config, "engine", None), "fast_collectives", "none") != "none"
         self.groups: dict[tuple, Group] = {}
+        self.range_groups: dict[range, Group] = {}  # new_group(range(...)) -> its group
+        self._world: Group | None = None
         self.events = 0
         self.now = 0
         self.gpus: dict[int, VirtualGPU] = {}
@@ -117,6 +127,11 @@ class Shard(CollectiveExecution):
             # and its tensor peers completes when the representative arrives
             g.arrivals = sum(1 for r in ranks if is_representative(r, self.fold))
         return g
+
+    def world_group(self) -> Group:
+        if self._world is None:
+            self._world = self.group(tuple(range(self.topo.world_size)))
+        return self._world
 
     def default_algorithm(self, op: str, group: Group) -> str:
         topo = self.topo
@@ -260,17 +275,20 @@ class Shard(CollectiveExecution):
         free = self.link_free
         start = t
         for link in route.up:
-            if free[link] > start:
-                start = free[link]
+            busy_until = int(free[link])
+            if busy_until > start:
+                start = busy_until
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
-        gpu.msg_seq += 1
+        mseq = self.mseq
+        seq = int(mseq[src]) + 1
+        mseq[src] = seq
         # a representative's message stands for ``fold`` identical ones on the other rails
         self.stats.messages(route.tier, size, kind, start, self.fold, end_up)
-        record = (start + route.latency_ns, dst, src, gpu.msg_seq, size, end_up, *key_head, sig)
+        record = (start + route.latency_ns, dst, src, seq, size, end_up, *key_head, sig)
         shard = self.rank_shard[dst]
         if shard == self.index:
-            heapq.heappush(self.heap, (record[0], EV_HANDOVER, dst, src, gpu.msg_seq, record))
+            heapq.heappush(self.heap, (record[0], EV_HANDOVER, dst, src, seq, record))
         else:
             self.outbox.setdefault(shard, []).append(record)
         return end_up
@@ -278,9 +296,15 @@ class Shard(CollectiveExecution):
     def deliver(self, records) -> None:
         """Accept cross-shard messages (all stamped at or after the current horizon)."""
         push = heapq.heappush
+        collective = []
         for rec in records:
             rec = tuple(rec)
-            push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
+            if rec[6] and self.compiled:  # a collective's message (group id != 0): the core's
+                collective.append(rec)
+            else:
+                push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
+        if collective:
+            self.core.deliver(collective)
 
     def _handover(self, rec: tuple, t: int) -> None:
         _, dst, src, _, size, end_up, gid, seq, chan, k, sig = rec
@@ -288,8 +312,9 @@ class Shard(CollectiveExecution):
         free = self.link_free
         start = t
         for link in route.down:
-            if free[link] > start:
-                start = free[link]
+            busy_until = int(free[link])
+            if busy_until > start:
+                start = busy_until
         self.stats.reserve(route.down, size, start, t, free)
         delivery = max(end_up + route.latency_ns, start + int(-(-size // route.down_bw)))
         gpu = self.gpus[dst]
@@ -342,7 +367,9 @@ class Shard(CollectiveExecution):
     # -- collectives ---------------------------------------------------------------------------
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
-        return self.heap[0][0] if self.heap else INF
+        t = self.heap[0][0] if self.heap else INF
+        core_t = self.core.top_t()
+        return core_t if 0 <= core_t < t else t
 
     def run_until(self, horizon: float) -> dict[int, list]:
         """Process every event stamped before ``horizon``; return the cross-shard messages."""
@@ -350,7 +377,18 @@ class Shard(CollectiveExecution):
         pop = heapq.heappop
         gpus = self.gpus
         count = 0
-        while heap and heap[0][0] < horizon:
+        core = self.core
+        core_events = core.events
+        core_horizon = int(min(horizon, NO_LIMIT))
+        while True:
+            # the core's next event goes first when its key precedes the Python heap's top
+            ct = core.top_t()
+            if 0 <= ct < horizon:
+                if not heap or ct < heap[0][0] or (ct == heap[0][0] and core.top_key() < heap[0][:5]):
+                    self._run_core(heap[0] if heap else None, core_horizon)
+                    continue
+            if not heap or heap[0][0] >= horizon:
+                break
             t, kind, rank, _, _, obj = pop(heap)
             self.now = t
             count += 1
@@ -360,9 +398,27 @@ class Shard(CollectiveExecution):
                 self._step(gpus[rank], obj, t)
             else:
                 self._handover(obj, t)
-        self.events += count
+        self.events += count + core.events - core_events
+        core.take_outbox(self.outbox)
         out, self.outbox = self.outbox, {}
         return out
+
+    def _run_core(self, limit, horizon: int) -> None:
+        """Let the core run its events before ``limit``; complete what it finished."""
+        core = self.core
+        status = core.run(limit, horizon)
+        if status == COMPLETE:
+            self._core_completed()
+        elif status == MISMATCH:
+            self._core_mismatch()
+        else:
+            assert status in (0, GROW), status
+
+    def _core_completed(self) -> None:
+        gpu, op, t = self.core.finished()
+        self.now = t
+        self._complete(gpu, op, t)
+        self.core.reset_if_idle()
 
     def live_stats(self, hot_links: int = 10, recent_iterations: int = 4) -> dict:
         """Progress figures for live monitoring, O(ranks + links): plain ints and lists only.

@@ -7,7 +7,7 @@ class ShardStats:
     """Bytes, busy time, message counts and queueing per link; bytes and size histogram per tier."""
 
     __slots__ = ("link_bw", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns", "tier_bytes",
-                 "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "port_acc")  # fmt: skip
+                 "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "port_acc", "core")  # fmt: skip
 
     def __init__(self, topo, bucket_ns: int = 1_000_000):
         n = len(topo.link_bw)
@@ -27,6 +27,7 @@ class ShardStats:
         self.bucket_ns = bucket_ns
         self.timeline: list[dict[int, int]] = [{} for _ in range(tiers)]
         self.port_acc: dict[tuple, list[int]] = {}  # fast-path port sets -> pending sums (see ports)
+        self.core = None  # the shard's NetCore, whose own accounting flush() adds here
 
     def reserve(self, links, size: int, start: int, arrival: int, free: list) -> None:
         """Occupy ``links`` from ``start`` for ``size`` bytes each at its own bandwidth (FIFO)."""
@@ -56,6 +57,8 @@ class ShardStats:
             acc[3] = wait_ns
 
     def flush(self) -> None:
+        if self.core is not None:
+            self.core.flush()
         for links, (nbytes, busy, messages, wait) in self.port_acc.items():
             for link in links:
                 self.link_bytes[link] += nbytes
@@ -77,6 +80,10 @@ class ShardStats:
         if hist is None:
             hist = self.kind_hist[kind] = {}
         hist[bucket] = hist.get(bucket, 0) + count
+        self.timeline_add(tier, size, count, t, t_end)
+
+    def timeline_add(self, tier: int, size: int, count: int, t: int, t_end: int) -> None:
+        """Add ``count`` messages of ``size`` bytes serialised over ``[t, t_end)`` to the timeline."""
         line = self.timeline[tier]
         bucket_ns = self.bucket_ns
         slot = t // bucket_ns

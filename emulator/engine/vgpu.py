@@ -27,7 +27,7 @@ class VirtualGPU:
 
     __slots__ = (
         "rank", "node", "spec", "capacity_bytes", "streams", "pending_waits", "outstanding",
-        "greenlet", "suspended", "sync_op", "finished", "seq", "msg_seq", "mailbox", "waiters",
+        "greenlet", "suspended", "sync_op", "finished", "seq", "mailbox", "waiters",
         "coll_seq", "p2p_send", "p2p_recv", "mem_used", "mem_peak", "allocations", "marks",
         "ops_done", "compute_ns", "flops_done", "comm_ns", "last_time", "wait_ns", "trace",
     )  # fmt: skip
@@ -45,7 +45,6 @@ class VirtualGPU:
         self.sync_op = None  # the op a synchronize() call waits for
         self.finished = False  # program returned
         self.seq = 0  # event counter: part of every event key this GPU creates
-        self.msg_seq = 0
         self.mailbox: dict[tuple, tuple] = {}  # message key -> (delivery_ns, size, sig)
         self.waiters: dict[tuple, object] = {}  # message key -> recv op or collective channel
         self.coll_seq: dict[int, int] = {}  # group id -> collectives issued on it

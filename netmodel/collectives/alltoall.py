@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall, ceil_div
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div
 
 
 def _pairwise(call: CollectiveCall) -> Channel:
@@ -23,20 +23,20 @@ def _direct(call: CollectiveCall) -> Channel:
     yield sends, recvs
 
 
-class Pairwise:
+class Pairwise(SegmentAlgorithm):
     name = "pairwise"
     ops = frozenset({"all_to_all"})
 
-    def channels(self, call: CollectiveCall, topo) -> list[Channel]:
-        return [_pairwise(call)] if call.n > 1 else []
+    def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
+        return [[(sends, recvs, 1) for sends, recvs in _pairwise(call)]] if call.n > 1 else []
 
 
-class Direct:
+class Direct(SegmentAlgorithm):
     name = "direct"
     ops = frozenset({"all_to_all"})
 
-    def channels(self, call: CollectiveCall, topo) -> list[Channel]:
-        return [_direct(call)] if call.n > 1 else []
+    def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
+        return [[(sends, recvs, 1) for sends, recvs in _direct(call)]] if call.n > 1 else []
 
 
 PAIRWISE = Pairwise()

@@ -6,7 +6,10 @@ sends have left the sender and its receives have arrived. Steps of one channel r
 channels run concurrently (NCCL's channels). ``chan`` is the logical stream a message belongs to,
 the same number on both ends, so that messages match however the two members schedule them.
 
-Algorithms are generators so that a 3072-member ring never materialises its 6142 steps per rank.
+Algorithms describe each channel as *segments* ``(sends, recvs, repeat)``: the same step repeated
+``repeat`` times, so that a 3072-member ring is one segment, not 6142 steps per rank. The
+message-level engine (emulator/engine/netcore.py) reads segments directly; :func:`expand` turns
+them into the step iterators of the reference path.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Protocol
 Transfer = tuple[int, int, int]  # (peer rank, size_bytes, chan)
 Step = tuple[tuple[Transfer, ...], tuple[Transfer, ...]]
 Channel = Iterator[Step]
+Segment = tuple[tuple[Transfer, ...], tuple[Transfer, ...], int]  # (sends, recvs, repeat)
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "barrier")
 
@@ -43,7 +47,40 @@ class Algorithm(Protocol):
     name: str
     ops: frozenset[str]
 
+    def segments(self, call: CollectiveCall, topo: object) -> list[list[Segment]]: ...
+
     def channels(self, call: CollectiveCall, topo: object) -> list[Channel]: ...
+
+
+class SegmentAlgorithm:
+    """Base of the algorithms: ``channels`` is derived from ``segments`` (one description)."""
+
+    def channels(self, call: CollectiveCall, topo) -> list[Channel]:
+        return [expand(channel) for channel in self.segments(call, topo)]
+
+
+def expand(segments: list[Segment]) -> Channel:
+    """The steps of one channel, in order."""
+    for sends, recvs, repeat in segments:
+        for _ in range(repeat):
+            yield sends, recvs
+
+
+_PER_GROUP: dict[tuple, tuple] = {}
+
+
+def per_group(kind: str, ranks: tuple[int, ...], topo, build):
+    """``build(ranks, topo)``, computed once per group: every member of a 3072-rank group asks for
+    the same layout, which is O(n) to build (O(n^2) over the members otherwise)."""
+    key = (kind, id(ranks), id(topo))
+    hit = _PER_GROUP.get(key)
+    if hit is not None and hit[0] is ranks and hit[1] is topo:
+        return hit[2]
+    value = build(ranks, topo)
+    if len(_PER_GROUP) >= 256:
+        _PER_GROUP.clear()
+    _PER_GROUP[key] = (ranks, topo, value)
+    return value
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm
 
 
 def _steps(call: CollectiveCall) -> Channel:
@@ -13,12 +13,12 @@ def _steps(call: CollectiveCall) -> Channel:
         dist *= 2
 
 
-class Dissemination:
+class Dissemination(SegmentAlgorithm):
     name = "dissemination"
     ops = frozenset({"barrier"})
 
-    def channels(self, call: CollectiveCall, topo) -> list[Channel]:
-        return [_steps(call)] if call.n > 1 else []
+    def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
+        return [[(sends, recvs, 1) for sends, recvs in _steps(call)]] if call.n > 1 else []
 
 
 DISSEMINATION = Dissemination()

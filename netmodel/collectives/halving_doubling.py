@@ -7,7 +7,7 @@ each pair hands its whole buffer to the odd one before, and receives the result 
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall, ceil_div
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div
 
 
 def _steps(call: CollectiveCall) -> Channel:
@@ -47,14 +47,14 @@ def _steps(call: CollectiveCall) -> Channel:
         yield ((ranks[me - 1], size, 3),), ()
 
 
-class HalvingDoubling:
+class HalvingDoubling(SegmentAlgorithm):
     name = "halving_doubling"
     ops = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
 
-    def channels(self, call: CollectiveCall, topo) -> list[Channel]:
+    def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
         if call.n == 1:
             return []
-        return [_steps(call)]
+        return [[(sends, recvs, 1) for sends, recvs in _steps(call)]]
 
 
 HALVING_DOUBLING = HalvingDoubling()
