@@ -54,10 +54,10 @@ def _bench_program(gpu) -> None:
     group = gpu.new_group(range(args["n"]))
     op = args["op"]
     kw = {"algo": args["algo"]} if args["algo"] else {}
-    if op in ("broadcast", "reduce"):
-        kw["root"] = 0
     if op == "barrier":
         gpu.barrier(group, **kw)
+    elif op in ("broadcast", "reduce"):
+        getattr(gpu, op)(args["size"], 0, group, **kw)  # rooted at rank 0
     else:
         getattr(gpu, op)(args["size"], group, **kw)
 

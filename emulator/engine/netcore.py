@@ -578,6 +578,9 @@ class NetCore:
         """Time of the core's next event, -1 if none."""
         return int(self.st[TOP_T])
 
+    def has_outbox(self) -> bool:
+        return bool(self.st[OUT_N])
+
     def top_key(self) -> tuple:
         st = self.st
         return int(st[TOP_T]), int(st[TOP_KIND]), int(st[TOP_RANK]), int(st[TOP_ORIGIN]), int(st[TOP_SEQ])

@@ -369,7 +369,12 @@ class Shard(CollectiveExecution):
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
         core_t = self.core.top_t()
-        return core_t if 0 <= core_t < t else t
+        if 0 <= core_t < t:
+            t = core_t
+        if self.outbox or self.core.has_outbox():
+            # messages sent by the programs' first launches (start) leave with the next round
+            t = min(t, self.now)
+        return t
 
     def run_until(self, horizon: float) -> dict[int, list]:
         """Process every event stamped before ``horizon``; return the cross-shard messages."""

@@ -84,6 +84,8 @@ class ShardStats:
 
     def timeline_add(self, tier: int, size: int, count: int, t: int, t_end: int) -> None:
         """Add ``count`` messages of ``size`` bytes serialised over ``[t, t_end)`` to the timeline."""
+        if size * count == 0:  # empty messages (barriers) add no bytes: no entry either
+            return
         line = self.timeline[tier]
         bucket_ns = self.bucket_ns
         slot = t // bucket_ns
