@@ -92,7 +92,10 @@ class CollectiveExecution:
         links, tx, rx, bw, latency = ports
         duration, messages, msg_bytes = closed_form(op.b.name, call, bw, latency)
         free = self.link_free
-        start = max(t, int(free[list(links)].max()))
+        start = t
+        for link in links:
+            if free[link] > start:
+                start = free[link]
         end = start + duration
         if call.op in ("broadcast", "reduce") and call.n > 1:
             # a chain from the root (broadcast) or to it (reduce): the end that has no peer

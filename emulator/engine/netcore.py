@@ -27,10 +27,12 @@ enlarges it.
 
 from __future__ import annotations
 
+import array
+
 import numpy as np
 from numba import njit
 
-from emulator.engine.events import EV_HANDOVER, EV_STEP
+from emulator.engine.events import EV_HANDOVER, EV_STEP, INF
 from netmodel.collectives.base import OPS
 
 # -- scalar slots of ``st`` -------------------------------------------------------------------
@@ -534,6 +536,10 @@ _ARRAYS = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "
 class NetCore:
     """One shard's compiled collective engine: its arrays and the calls the shard makes."""
 
+    # first sizes of the growable arrays (rows); a test starts from tiny ones to exercise growth
+    INITIAL = {"heap": 1024, "msg": 1024, "ht": 4096, "runs": 64, "chans": 64, "segs": 64, "xf": 128,
+               "cnt": 128, "rt": 64, "tl": 1024, "pend": 64, "outb": 256}  # fmt: skip
+
     def __init__(self, topo, shard_index: int, rank_shard, fold: int, stats):
         self.topo = topo
         self.stats = stats  # the shard's ShardStats, which flush() adds to
@@ -543,33 +549,41 @@ class NetCore:
         self.max_links = max(1, tiers)  # links of a route on one side: the NIC and one per tier above
         self.st = np.zeros(N_ST, i64)
         self.st[FOLD], self.st[SHARD], self.st[BUCKET] = fold, shard_index, bucket_ns
-        self.heap = np.zeros((1024, 6), i64)
-        self.msg = np.zeros((1024, 13), i64)
-        self.mfree = np.zeros(1024, i64)
-        self.htk = np.zeros((4096, 6), i64)
-        self.htv = np.zeros((4096, 4), i64)
-        self.hts = np.zeros(4096, i64)
-        self.runs = np.zeros((64, 11), i64)
-        self.chans = np.zeros((64, 7), i64)
-        self.segs = np.zeros((64, 5), i64)
-        self.xf = np.zeros((128, 5), i64)
-        self.cnt = np.zeros(128, i64)
-        self.rt = np.zeros((64, RT_LINKS + 2 * self.max_links), i64)
-        self.rbw = np.zeros((64, 2), np.float64)
+        size = self.INITIAL
+        assert size["ht"] & (size["ht"] - 1) == 0, "the hash table's size is a power of two"
+        self.heap = np.zeros((size["heap"], 6), i64)
+        self.msg = np.zeros((size["msg"], 13), i64)
+        self.mfree = np.zeros(size["msg"], i64)
+        self.htk = np.zeros((size["ht"], 6), i64)
+        self.htv = np.zeros((size["ht"], 4), i64)
+        self.hts = np.zeros(size["ht"], i64)
+        self.runs = np.zeros((size["runs"], 11), i64)
+        self.chans = np.zeros((size["chans"], 7), i64)
+        self.segs = np.zeros((size["segs"], 5), i64)
+        self.xf = np.zeros((size["xf"], 5), i64)
+        self.cnt = np.zeros(size["cnt"], i64)
+        self.rt = np.zeros((size["rt"], RT_LINKS + 2 * self.max_links), i64)
+        self.rbw = np.zeros((size["rt"], 2), np.float64)
         self.lbw = np.array(topo.link_bw, np.float64)
-        self.lfree = np.zeros(n_links, i64)  # shared with the shard's Python paths
+        # link state and message counters are shared with the shard's Python paths: one buffer,
+        # seen by the kernels as numpy arrays and by Python as array.array (whose indexing costs a
+        # quarter of numpy's element access)
+        self.lfree_py = array.array("q", bytes(8 * n_links))
+        self.lfree = np.frombuffer(self.lfree_py, dtype=i64)
         self.lstat = np.zeros((4, n_links), i64)  # bytes, busy ns, messages, max wait ns
         self.tstat = np.zeros((tiers, 2 + HIST), i64)  # bytes, messages, size histogram
         self.khist = np.zeros((len(OPS), HIST), i64)
-        self.tl = np.zeros((tiers, 1024), i64)
-        self.pend = np.zeros((64, 5), i64)
+        self.tl = np.zeros((tiers, size["tl"]), i64)
+        self.pend = np.zeros((size["pend"], 5), i64)
         self.rank_shard = np.array(rank_shard, i64)
         self.cseqs = np.zeros(world, i64)  # per-rank step counter (part of step keys)
-        self.mseq = np.zeros(world, i64)  # per-sender message counter, shared with point-to-point sends
-        self.outb = np.zeros((256, 14), i64)
+        self.mseq_py = array.array("q", bytes(8 * world))  # per-sender message counter (point-to-point too)
+        self.mseq = np.frombuffer(self.mseq_py, dtype=i64)
+        self.outb = np.zeros((size["outb"], 14), i64)
         self._rids: dict[tuple[int, int], int] = {}
         self._templates: dict[tuple, tuple] = {}
         self.ops: dict[int, tuple] = {}  # active run -> (gpu, op)
+        self.top = INF  # time of the core's next event
         self._pack()
 
     def _pack(self) -> None:
@@ -580,9 +594,10 @@ class NetCore:
     def events(self) -> int:
         return int(self.st[EVENTS])
 
-    def top_t(self) -> int:
-        """Time of the core's next event, -1 if none."""
-        return int(self.st[TOP_T])
+    def _read_top(self) -> None:
+        """Refresh ``top`` (read by the shard's loop for every event: a plain attribute)."""
+        t = self.st.item(TOP_T)
+        self.top = t if t >= 0 else INF
 
     def has_outbox(self) -> bool:
         return bool(self.st[OUT_N])
@@ -674,7 +689,8 @@ class NetCore:
         self.cnt[k0 : k0 + n_cnt] = 0
         self.ops[run] = (gpu, op)
         start_run(*self.args, run, t)
-        return int(st[STATUS])
+        self._read_top()
+        return st.item(STATUS)
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (a Python heap key) and ``horizon``; returns the status."""
@@ -682,7 +698,8 @@ class NetCore:
             run_events(*self.args, NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
             run_events(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
-        status = int(self.st[STATUS])
+        self._read_top()
+        status = self.st.item(STATUS)
         if status == GROW:
             self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
         return status
@@ -723,6 +740,7 @@ class NetCore:
         self._ensure(0, 0, 0, 0, 0, len(records) + 2)
         assert self.heap.shape[0] >= need
         deliver_records(self.st, self.heap, self.msg, self.mfree, recs, rids)
+        self._read_top()
 
     def take_outbox(self, outbox: dict[int, list]) -> None:
         """Move the core's cross-shard messages into the shard's ``outbox`` (shard -> records)."""

@@ -54,8 +54,8 @@ class Shard(CollectiveExecution):
         self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
         self.compiled = getattr(engine, "collective_engine", "compiled") == "compiled"
-        self.link_free = self.core.lfree
-        self.mseq = self.core.mseq
+        self.link_free = self.core.lfree_py
+        self.mseq = self.core.mseq_py
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
         self.group_ports: dict[tuple, tuple] = {}  # one-node group -> its ports (fast path)
@@ -275,13 +275,12 @@ class Shard(CollectiveExecution):
         free = self.link_free
         start = t
         for link in route.up:
-            busy_until = int(free[link])
-            if busy_until > start:
-                start = busy_until
+            if free[link] > start:
+                start = free[link]
         self.stats.reserve(route.up, size, start, t, free)
         end_up = start + int(-(-size // route.up_bw))
         mseq = self.mseq
-        seq = int(mseq[src]) + 1
+        seq = mseq[src] + 1
         mseq[src] = seq
         # a representative's message stands for ``fold`` identical ones on the other rails
         self.stats.messages(route.tier, size, kind, start, self.fold, end_up)
@@ -312,9 +311,8 @@ class Shard(CollectiveExecution):
         free = self.link_free
         start = t
         for link in route.down:
-            busy_until = int(free[link])
-            if busy_until > start:
-                start = busy_until
+            if free[link] > start:
+                start = free[link]
         self.stats.reserve(route.down, size, start, t, free)
         delivery = max(end_up + route.latency_ns, start + int(-(-size // route.down_bw)))
         gpu = self.gpus[dst]
@@ -368,9 +366,8 @@ class Shard(CollectiveExecution):
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
-        core_t = self.core.top_t()
-        if 0 <= core_t < t:
-            t = core_t
+        if self.core.top < t:
+            t = self.core.top
         if self.outbox or self.core.has_outbox():
             # messages sent by the programs' first launches (start) leave with the next round
             t = min(t, self.now)
@@ -387,8 +384,8 @@ class Shard(CollectiveExecution):
         core_horizon = int(min(horizon, NO_LIMIT))
         while True:
             # the core's next event goes first when its key precedes the Python heap's top
-            ct = core.top_t()
-            if 0 <= ct < horizon:
+            ct = core.top
+            if ct < horizon:
                 if not heap or ct < heap[0][0] or (ct == heap[0][0] and core.top_key() < heap[0][:5]):
                     self._run_core(heap[0] if heap else None, core_horizon)
                     continue

@@ -14,6 +14,7 @@ from emulator.backends.inline import run_inline
 from emulator.collbench import _bench_program
 from emulator.config.loader import load_cluster, load_run
 from emulator.config.schema import EngineConfig, RunConfig
+from emulator.engine.netcore import NetCore, warm_up
 from emulator.errors import CollectiveMismatchError, DeadlockError
 from emulator.run import execute
 from netmodel.topology import Topology
@@ -123,3 +124,22 @@ def test_cross_node_mismatch_is_found_by_the_core():
         messages.append(str(info.value))
     assert messages[0] == messages[1]
     assert "rank 9" in messages[0] and "all_gather" in messages[0] and "all_reduce" in messages[0]
+
+
+def test_growth_from_tiny_arrays_changes_nothing(monkeypatch):
+    """Every array of the core starts at one or two rows: each grows (heap, messages, hash table
+    rehashed, tables, routes, outbox, timeline with its overflow rows) and the results stay the
+    reference ones."""
+    cluster = load_cluster("dgx-a100-hdr", ["nodes=4"])
+    reference = [_bench(cluster, "python", op, algo, 32, (3 << 20) + 1, 2, bucket_us=2.0)
+                 for op, algo in (("all_reduce", "ring"), ("all_to_all", "direct"))]  # fmt: skip
+    tiny = {name: 2 for name in NetCore.INITIAL}
+    monkeypatch.setattr(NetCore, "INITIAL", tiny)
+    compiled = [_bench(cluster, "compiled", op, algo, 32, (3 << 20) + 1, 2, bucket_us=2.0)
+                for op, algo in (("all_reduce", "ring"), ("all_to_all", "direct"))]  # fmt: skip
+    assert compiled == reference
+
+
+def test_warm_up_loads_the_kernels():
+    warm_up()  # compiles or loads each kernel once; a broken signature fails here, not mid-run
+
