@@ -9,11 +9,17 @@ message - even inside a node - reaches its receiver through a *handover* event a
 
 Messages: the sender reserves its up-links (FIFO, cut-through) at send time; the receiver reserves
 its down-links at the handover; delivery is ``max(end_up + latency, start_down + size/bw_down)``.
+
+Message-level collectives run in the compiled core (emulator/engine/netcore.py), which keeps its own
+heap of the same keyed events; :meth:`Shard.run_until` merges the two heaps by key, so that the
+order - hence every result - is the one of the Python reference path (``engine.collective_engine:
+python``, emulator/engine/collective_run.py).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 
 from greenlet import greenlet
 
@@ -362,7 +368,6 @@ class Shard(CollectiveExecution):
                 f"at t={self.now} ns (sizes must be equal)"
             )
 
-    # -- collectives ---------------------------------------------------------------------------
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
@@ -381,7 +386,8 @@ class Shard(CollectiveExecution):
         count = 0
         core = self.core
         core_events = core.events
-        core_horizon = int(min(horizon, NO_LIMIT))
+        # event times are integers: t < horizon exactly when t < ceil(horizon)
+        core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
         while True:
             # the core's next event goes first when its key precedes the Python heap's top
             ct = core.top
