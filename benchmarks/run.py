@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,18 @@ def measure(what: list[str], backend: str, shards: int, overrides: list[str], bu
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def reference_loop_s() -> float:
+    """Seconds for 10 million Python additions (median of 5): this VM's speed drifts by tens of
+    percent over an hour, so figures taken at different times are compared through this."""
+    times = []
+    for _ in range(5):
+        start, x = time.perf_counter(), 0
+        for i in range(10_000_000):
+            x += i
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="a,b,c,d")
@@ -107,6 +120,7 @@ def main() -> None:
     baseline = measure(["baseline"], "inline", 1, [], 0)["rss_bytes"]
     note = "KB/GPU = (RSS - baseline) / GPUs"
     print(f"# {cores} cores; baseline RSS (interpreter + modules) {baseline / 2**20:.0f} MiB; {note}")
+    print(f"# reference loop (10 M Python additions): {reference_loop_s():.3f} s")
     print(f"{'scenario':<42} {'backend':<9} {'virtual s':>10} {'wall s':>8} {'speed':>7} {'events':>11} "
           f"{'ev/s/core':>10} {'rounds':>8} {'RSS MiB':>8} {'KB/GPU':>7} {'load s':>6}")  # fmt: skip
     for key in args.scenarios.split(","):

@@ -74,29 +74,49 @@ class CollectiveExecution:
 
     def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int) -> None:
         """Fast path for a group inside one node (hence one shard): see netmodel/collectives/analytic."""
-        key = op.c
-        arrived = self.rendezvous.get(key)
-        if arrived is None:
-            arrived = self.rendezvous[key] = []
-        if arrived and arrived[0][1].d != op.d:
-            raise _mismatch(gpu, op, arrived[0][0].rank, arrived[0][1].d, t)
-        arrived.append((gpu, op))
         call = op.a
-        if len(arrived) < self.groups[call.ranks].arrivals:
-            return
-        del self.rendezvous[key]
-        ranks = call.ranks
-        ports = self.group_ports.get(ranks)
-        if ports is None:
-            ports = self.group_ports[ranks] = self._ports(ranks)
-        links, tx, rx, bw, latency = ports
-        duration, messages, msg_bytes = closed_form(op.b.name, call, bw, latency)
+        plan = self.closed_plans.get(id(call))
+        if plan is None or plan[0] is not call or plan[1] is not op.b:
+            plan = self.closed_plans[id(call)] = self._closed_plan(call, op.b)
+        _, _, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy = plan
+        if arrivals == 1:  # one member stands for the group (symmetry folding): nothing to wait for
+            arrived = ((gpu, op),)
+        else:
+            key = op.c
+            arrived = self.rendezvous.get(key)
+            if arrived is None:
+                arrived = self.rendezvous[key] = []
+            if arrived and arrived[0][1].d != op.d:
+                raise _mismatch(gpu, op, arrived[0][0].rank, arrived[0][1].d, t)
+            arrived.append((gpu, op))
+            if len(arrived) < arrivals:
+                return
+            del self.rendezvous[key]
         free = self.link_free
         start = t
         for link in links:
             if free[link] > start:
                 start = free[link]
         end = start + duration
+        stats = self.stats
+        stats.ports(tx, per, msg_bytes, busy, start - t)
+        stats.ports(rx, per, msg_bytes, busy, start - t)
+        for link in links:
+            free[link] = end  # every member's ports are held for the whole collective
+        stats.messages(0, msg_bytes, call.op, start, messages, end)
+        for member, member_op in arrived:
+            self._push(end, EV_OP_DONE, member, member_op)
+
+    def _closed_plan(self, call, algorithm) -> tuple:
+        """Everything about a one-node call that does not depend on time (programs repeat calls):
+        ``(call, algorithm, arrivals, ports, tx ports, rx ports, duration, messages, bytes per
+        message, messages per port, busy ns per port)``."""
+        ranks = call.ranks
+        ports = self.group_ports.get(ranks)
+        if ports is None:
+            ports = self.group_ports[ranks] = self._ports(ranks)
+        links, tx, rx, bw, latency = ports
+        duration, messages, msg_bytes = closed_form(algorithm.name, call, bw, latency)
         if call.op in ("broadcast", "reduce") and call.n > 1:
             # a chain from the root (broadcast) or to it (reduce): the end that has no peer
             # neither sends nor receives on that side
@@ -111,13 +131,8 @@ class CollectiveExecution:
         else:
             per = messages // call.n
         busy = per * int(-(-msg_bytes // bw))
-        self.stats.ports(tx, per, msg_bytes, busy, start - t)
-        self.stats.ports(rx, per, msg_bytes, busy, start - t)
-        for link in links:
-            free[link] = end  # every member's ports are held for the whole collective
-        self.stats.messages(0, msg_bytes, call.op, start, messages, end)
-        for member, member_op in arrived:
-            self._push(end, EV_OP_DONE, member, member_op)
+        arrivals = self.groups[ranks].arrivals
+        return call, algorithm, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy
 
     def _ports(self, ranks: tuple[int, ...]) -> tuple:
         """(all ports, tx ports, rx ports, slowest bandwidth, latency) of a one-node group."""

@@ -65,6 +65,7 @@ class Shard(CollectiveExecution):
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
         self.group_ports: dict[tuple, tuple] = {}  # one-node group -> its ports (fast path)
+        self.closed_plans: dict[int, tuple] = {}  # id(call) -> its closed-form plan (fast path)
         self.fast_collectives = getattr(getattr(config, "engine", None), "fast_collectives", "none") != "none"
         self.groups: dict[tuple, Group] = {}
         self.range_groups: dict[range, Group] = {}  # new_group(range(...)) -> its group
