@@ -4,7 +4,7 @@ A collective expanded into messages (netmodel/collectives: channels of segments 
 executed here instead of in Python: the steps of every member, the link reservations of their
 messages, the hand-overs and the matching of receives. It is the same algorithm as the reference
 path (:class:`~emulator.engine.collective_run.CollectiveExecution`, ``engine.collective_engine:
-python``) and gives the same results bit for bit (tests/engine/test_netcore.py), at a fraction of
+python``) and gives the same results bit for bit (tests/emulator/test_netcore.py), at a fraction of
 CPython's cost per event: one compiled call runs every message event up to the next event that
 needs Python (an operation completing, an error).
 
@@ -705,7 +705,7 @@ class NetCore:
         return status
 
     def finished(self) -> tuple:
-        """The run that the last call completed: ``(gpu, op, t)``; resets the tables when idle."""
+        """The run that the last call completed: ``(gpu, op, t)``."""
         st = self.st
         gpu, op = self.ops.pop(int(st[RET_RUN]))
         return gpu, op, int(st[RET_T])
