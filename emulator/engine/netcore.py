@@ -32,8 +32,15 @@ import array
 import numpy as np
 from numba import njit
 
-from emulator.engine.events import EV_HANDOVER, EV_STEP, INF
+from emulator.engine import events
+from emulator.errors import EmulatorError
 from netmodel.collectives.base import OPS
+
+# The event kinds, as literals: numba freezes globals into cached kernels and only notices changes
+# to this file, so a change in events.py must fail here rather than reorder events silently.
+EV_HANDOVER, EV_STEP = 0, 1
+assert (EV_HANDOVER, EV_STEP) == (events.EV_HANDOVER, events.EV_STEP), "update netcore's event kinds"
+INF = events.INF
 
 # -- scalar slots of ``st`` -------------------------------------------------------------------
 (HEAP_N, EVENTS, MSG_N, MFREE_N, HT_FILL, N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT, ACTIVE, OUT_N,
@@ -597,6 +604,10 @@ class NetCore:
     def _read_top(self) -> None:
         """Refresh ``top`` (read by the shard's loop for every event: a plain attribute)."""
         t = self.st.item(TOP_T)
+        if t >= NO_LIMIT:
+            # the kernels' int64 arithmetic (and the horizon sentinel) end here
+            raise EmulatorError(f"virtual time reached {t} ns (over 2^62 ns, 146 years): beyond what the "
+                                f"engine represents; check the sizes and bandwidths of this run")  # fmt: skip
         self.top = t if t >= 0 else INF
 
     def has_outbox(self) -> bool:

@@ -84,7 +84,7 @@ class ShardStats:
 
     def timeline_add(self, tier: int, size: int, count: int, t: int, t_end: int) -> None:
         """Add ``count`` messages of ``size`` bytes serialised over ``[t, t_end)`` to the timeline."""
-        if size * count == 0:  # empty messages (barriers) add no bytes: no entry either
+        if size * count == 0:  # empty messages (barriers) add no bytes: no entry either (nor below)
             return
         line = self.timeline[tier]
         bucket_ns = self.bucket_ns
@@ -99,7 +99,8 @@ class ShardStats:
         done = 0
         for s in range(slot, (t_end - 1) // bucket_ns + 1):
             part = size * (min(t_end, (s + 1) * bucket_ns) - t) // (t_end - t) - done
-            line[s] = line.get(s, 0) + part * count
+            if part:  # a zero share (slow links, many buckets) adds no entry
+                line[s] = line.get(s, 0) + part * count
             done += part
 
     def export(self, owned_links) -> dict:

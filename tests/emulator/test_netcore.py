@@ -143,3 +143,31 @@ def test_growth_from_tiny_arrays_changes_nothing(monkeypatch):
 def test_warm_up_loads_the_kernels():
     warm_up()  # compiles or loads each kernel once; a broken signature fails here, not mid-run
 
+
+
+def test_slow_links_with_zero_byte_timeline_shares_match():
+    """A 0.5 Gb/s NIC (under 1 byte per ns) and 1 us buckets: some buckets a message spans get a
+    zero share of its bytes; neither path records them."""
+    cluster = load_cluster("dgx-a100-hdr", ["nodes=2", "nic.bandwidth_Gbps=1", "nic.efficiency=0.5"])
+
+    def program(gpu):
+        for i in range(50):
+            gpu.compute(flops=1e9 * ((i * 7919 + gpu.rank) % 13))
+            gpu.all_reduce(32, algo="ring")
+
+    results = []
+    for engine in ("python", "compiled"):
+        config = RunConfig(name="slow", cluster=cluster, program="x:y",
+                           engine=EngineConfig(collective_engine=engine, timeline_bucket_us=1.0))  # fmt: skip
+        results.append(_observables(run_inline(config, Topology(cluster), program=program, args={})))
+    assert results[0] == results[1]
+    assert all(v > 0 for line in results[0]["timeline"] for v in line.values())
+
+
+def test_virtual_time_beyond_the_engine_range_is_an_error():
+    """2^61 bytes over a 0.5 Gb/s ring passes 2^62 ns: a clear error, not a loop."""
+    from emulator.errors import EmulatorError
+
+    cluster = load_cluster("dgx-a100-hdr", ["nodes=2", "nic.bandwidth_Gbps=1", "nic.efficiency=0.5"])
+    with pytest.raises(EmulatorError, match="over 2\\^62 ns"):
+        _bench(cluster, "compiled", "all_reduce", "ring", 16, 1 << 61, bucket_us=1e13)
