@@ -108,7 +108,7 @@ class EngineConfig:
     # the built-in workload on nodes that are exactly one tensor group with a NIC per GPU: run one
     # virtual GPU per tensor group (results identical, events / tensor size; emulator/engine/folding.py)
     fold_tensor_groups: bool = True
-    # where message-level collectives run: "compiled" (numba, emulator/engine/netcore.py) or
+    # where message-level collectives run: "compiled" (numba, emulator/engine/netkernels.py) or
     # "python" (the reference implementation); the results are the same bit for bit
     collective_engine: Literal["compiled", "python"] = "compiled"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from emulator.engine.diagnose import describe_sig
 from emulator.engine.events import EV_OP_DONE, EV_STEP
 from emulator.engine.folding import is_representative
-from emulator.engine.netcore import COMPLETE, MISMATCH
+from emulator.engine.netkernels import COMPLETE, MISMATCH
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import CollectiveMismatchError

@@ -10,7 +10,7 @@ message - even inside a node - reaches its receiver through a *handover* event a
 Messages: the sender reserves its up-links (FIFO, cut-through) at send time; the receiver reserves
 its down-links at the handover; delivery is ``max(end_up + latency, start_down + size/bw_down)``.
 
-Message-level collectives run in the compiled core (emulator/engine/netcore.py), which keeps its own
+Message-level collectives run in the compiled core (emulator/engine/netcore.py, netkernels.py), which keeps its own
 heap of the same keyed events; :meth:`Shard.run_until` merges the two heaps by key, so that the
 order - hence every result - is the one of the Python reference path (``engine.collective_engine:
 python``, emulator/engine/collective_run.py).
@@ -28,7 +28,8 @@ from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
 from emulator.engine.folding import is_representative
-from emulator.engine.netcore import COMPLETE, GROW, MISMATCH, NO_LIMIT, NetCore
+from emulator.engine.netcore import NetCore
+from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
 from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU

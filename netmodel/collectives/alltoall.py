@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div, one_step_each
 
 
 def _pairwise(call: CollectiveCall) -> Channel:
@@ -28,7 +28,7 @@ class Pairwise(SegmentAlgorithm):
     ops = frozenset({"all_to_all"})
 
     def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
-        return [[(sends, recvs, 1) for sends, recvs in _pairwise(call)]] if call.n > 1 else []
+        return [one_step_each(_pairwise(call))] if call.n > 1 else []
 
 
 class Direct(SegmentAlgorithm):
@@ -36,7 +36,7 @@ class Direct(SegmentAlgorithm):
     ops = frozenset({"all_to_all"})
 
     def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
-        return [[(sends, recvs, 1) for sends, recvs in _direct(call)]] if call.n > 1 else []
+        return [one_step_each(_direct(call))] if call.n > 1 else []
 
 
 PAIRWISE = Pairwise()

@@ -8,7 +8,7 @@ the same number on both ends, so that messages match however the two members sch
 
 Algorithms describe each channel as *segments* ``(sends, recvs, repeat)``: the same step repeated
 ``repeat`` times, so that a 3072-member ring is one segment, not 6142 steps per rank. The
-message-level engine (emulator/engine/netcore.py) reads segments directly; :func:`expand` turns
+message-level engine (emulator/engine/netkernels.py) reads segments directly; :func:`expand` turns
 them into the step iterators of the reference path.
 """
 
@@ -57,6 +57,11 @@ class SegmentAlgorithm:
 
     def channels(self, call: CollectiveCall, topo) -> list[Channel]:
         return [expand(channel) for channel in self.segments(call, topo)]
+
+
+def one_step_each(steps: Channel) -> list[Segment]:
+    """Segments of an algorithm whose steps all differ (each repeated once)."""
+    return [(sends, recvs, 1) for sends, recvs in steps]
 
 
 def expand(segments: list[Segment]) -> Channel:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, one_step_each
 
 
 def _steps(call: CollectiveCall) -> Channel:
@@ -18,7 +18,7 @@ class Dissemination(SegmentAlgorithm):
     ops = frozenset({"barrier"})
 
     def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
-        return [[(sends, recvs, 1) for sends, recvs in _steps(call)]] if call.n > 1 else []
+        return [one_step_each(_steps(call))] if call.n > 1 else []
 
 
 DISSEMINATION = Dissemination()

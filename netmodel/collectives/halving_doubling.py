@@ -7,7 +7,7 @@ each pair hands its whole buffer to the odd one before, and receives the result 
 
 from __future__ import annotations
 
-from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div
+from netmodel.collectives.base import Channel, CollectiveCall, Segment, SegmentAlgorithm, ceil_div, one_step_each
 
 
 def _steps(call: CollectiveCall) -> Channel:
@@ -54,7 +54,7 @@ class HalvingDoubling(SegmentAlgorithm):
     def segments(self, call: CollectiveCall, topo) -> list[list[Segment]]:
         if call.n == 1:
             return []
-        return [[(sends, recvs, 1) for sends, recvs in _steps(call)]]
+        return [one_step_each(_steps(call))]
 
 
 HALVING_DOUBLING = HalvingDoubling()
