@@ -2,11 +2,12 @@
 
     emulator run configs/examples/data-parallel.yaml --backend ray --shards 2 [--address auto|HOST:PORT]
 
-The driver (this module) is the coordinator of ``emulator/engine/coordinator.py`` with shards in
-other processes: each round it sends every shard that has work one call carrying all the records
-routed to it and gets back its outbound batches and next event time, so Ray calls grow with
-rounds, never with messages. The horizon rule, the delivery order and the end-of-run checks are
-those of ``run_rounds`` and ``run_inline``, which is why results are identical bit for bit.
+The driver (this module) runs the round protocol of ``emulator/engine/coordinator.py`` (``drive``,
+the one run sequence of every backend) with a transport whose shards live in other processes:
+each round it sends every shard that has work one call carrying all the records routed to it and
+gets back its outbound batches, next event time and output bound, so Ray calls grow with rounds,
+never with messages. The horizons, the delivery order and the end-of-run checks are those of the
+in-process backend, which is why results are identical bit for bit.
 A shard whose process dies, or that stops answering pings (its host is gone), stops the run
 within seconds with a ``BackendError`` naming the shard and its host.
 """
@@ -19,11 +20,10 @@ import socket
 import time
 from pathlib import Path
 
-from emulator.backends.inline import shard_layout
-from emulator.engine.coordinator import INF, OBSERVE_EVERY_S, Observer, horizon_step, publish
-from emulator.engine.diagnose import raise_for_stuck
+from emulator.engine.coordinator import Observer, drive
+from emulator.engine.placement import shard_layout
 from emulator.errors import BackendError, EmulatorError
-from emulator.summary import RunResult, merge
+from emulator.summary import RunResult
 
 CHECK_EVERY_S = 1.0  # a round still running after this long has its shards pinged
 PING_TIMEOUT_S = 5.0  # a shard that does not answer a ping this long is lost (host gone or frozen)
@@ -257,65 +257,47 @@ def _program_source(config) -> bytes | None:
         return None  # resolve_program in the shard reports the missing file
 
 
+class RayTransport:
+    """The shard actors as the round protocol's transport: one actor call per busy shard and round,
+    each carrying the msgpack batches routed to it (so Ray calls grow with rounds, not messages)."""
+
+    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks):
+        self.ray, self.pool, self.config = ray, pool, config
+        self.layout, self.rank_shard, self.trace_ranks = layout, rank_shard, tuple(trace_ranks)
+        self.shards = len(layout)
+        self.world_size = topo.world_size
+
+    def start(self) -> dict:
+        config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
+        source = _program_source(self.config)
+        return self.pool.call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source)
+                                        for i in range(self.shards)})  # fmt: skip
+
+    def step(self, work: dict) -> dict:
+        return self.pool.call("step", work)
+
+    def finish(self) -> list[tuple[list, dict, dict]]:
+        finished = self.pool.call("finish", {i: () for i in range(self.shards)})
+        return [finished[i] for i in range(self.shards)]
+
+
 def run_ray(config, topo, shards: int, address: str | None = None, observer: Observer | None = None,
             trace_ranks=(), cpus_per_shard: float = 1.0) -> RunResult:  # fmt: skip
     """Run ``config`` on ``shards`` Ray actors; the same results as ``run_inline``."""
     ray = import_ray()
     connect(ray, address)
-    layout, rank_shard = shard_layout(topo, shards)
+    layout, rank_shard = shard_layout(topo, shards, config)
     pool = ShardPool(ray, place_shards(ray, len(layout), cpus_per_shard))
     try:
         pool.describe()
-        result = _drive(ray, pool, config, topo, layout, rank_shard, observer, trace_ranks)
+        transport = RayTransport(ray, pool, config, topo, layout, rank_shard, trace_ranks)
+        result = drive(transport, topo.min_cross_node_latency_ns(), observer)
     except BaseException as exc:
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)
         if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
             raise BackendError(f"Ray failed during the run: {_first_line(exc)}") from None
         raise  # the run's own errors, and bugs (RayTaskError) with their remote traceback
     pool.release()
-    result.extra["shard_hosts"] = list(pool.hosts)
-    result.extra["shard_nodes"] = [pool.info[i]["node_id"] for i in range(len(layout))]
+    result.extra["shard_nodes"] = [{"node_id": pool.info[i]["node_id"], "host": pool.hosts[i]}
+                                   for i in range(len(layout))]  # fmt: skip
     return result
-
-
-def _drive(ray, pool: ShardPool, config, topo, layout, rank_shard, observer, trace_ranks) -> RunResult:
-    n = len(layout)
-    config_ref, rank_shard_ref = ray.put(config), ray.put(rank_shard)
-    source = _program_source(config)
-    started = pool.call("start", {i: (config_ref, layout[i], rank_shard_ref, i, tuple(trace_ranks), source)
-                                  for i in range(n)})  # fmt: skip
-    nexts = [started[i] for i in range(n)]
-    # run_rounds' step: one unobserved shard runs to the end in one call
-    step = horizon_step(n, topo.min_cross_node_latency_ns(), observer is not None)
-    inbox: list[list[bytes]] = [[] for _ in range(n)]
-    rounds = cross = 0
-    t_min = 0.0
-    last_observed = time.monotonic()
-    while True:
-        # a shard's next event is its own or the earliest record just routed to it
-        t_min = min(nexts)
-        if t_min == INF:
-            break
-        horizon = t_min + step
-        due = observer is not None and time.monotonic() - last_observed >= OBSERVE_EVERY_S
-        # a shard with no event before the horizon and nothing inbound would do nothing: skip it
-        # (the first round flushes what the programs sent while starting)
-        active = [i for i in range(n) if rounds == 0 or due or inbox[i] or nexts[i] < horizon]
-        results = pool.call("step", {i: (horizon, inbox[i], due) for i in active})
-        rounds += 1
-        for i in active:
-            inbox[i] = []
-            nexts[i] = results[i][0]
-        for i in active:  # source-shard order, as run_rounds delivers
-            for dst, (count, earliest, blob) in sorted(results[i][1].items()):
-                cross += count
-                inbox[dst].append(blob)
-                nexts[dst] = min(nexts[dst], earliest)
-        if due:
-            last_observed = time.monotonic()
-            publish(observer, rounds, cross, t_min, [results[i][2] for i in range(n)])
-    finished = pool.call("finish", {i: () for i in range(n)})
-    if observer is not None:
-        publish(observer, rounds, cross, t_min, [finished[i][2] for i in range(n)])
-    raise_for_stuck([b for i in range(n) for b in finished[i][0]])
-    return merge(topo.world_size, [finished[i][1] for i in range(n)], rounds, cross)

@@ -117,8 +117,8 @@ class ShardHost:
         }
 
     def start(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks=(),
-              program_source: bytes | None = None) -> float:  # fmt: skip
-        """Build the shard and run every program to its first suspension; returns the next event time."""
+              program_source: bytes | None = None) -> tuple:  # fmt: skip
+        """Build the shard and run every program to its first suspension; replies as :meth:`step`."""
         config = localise_program(config, program_source)
         if program_source is not None:  # an edited program is imported again, as a new driver would
             digest = hashlib.sha256(program_source).hexdigest()
@@ -129,20 +129,19 @@ class ShardHost:
         topo = Topology(config.cluster)
         fold = fold_factor(config, topo)  # resolve_program gave the built-in workload iff config.program is None
         self.shard = Shard(topo, ranks, rank_shard, index, program, config, args, trace_ranks, fold)
-        self.shard.start()
-        return self.shard.next_time()
+        return self._reply(self.shard.start(), False)
 
     def step(self, horizon: float, inbound: list[bytes], want_stats: bool) -> tuple:
         """One round: deliver ``inbound`` (blobs in source-shard order), run before ``horizon``.
 
-        Returns ``(next_time, {dst: (count, earliest_time, blob)}, live_stats or None)``.
+        Returns ``(next_time, output_bound, {dst: (count, earliest_time, blob)}, live_stats or None)``.
         """
-        shard = self.shard
-        for blob in inbound:
-            shard.deliver(decode_records(blob))
-        out = shard.run_until(horizon)
+        return self._reply(self.shard.step(horizon, [decode_records(blob) for blob in inbound]), want_stats)
+
+    def _reply(self, result: tuple, want_stats: bool) -> tuple:
+        next_time, bound, out = result
         batches = {dst: (len(recs), min(r[0] for r in recs), encode_records(recs)) for dst, recs in out.items() if recs}
-        return shard.next_time(), batches, (self.live_stats() if want_stats else None)
+        return next_time, bound, batches, (self.live_stats() if want_stats else None)
 
     def live_stats(self) -> dict:
         return {**self.shard.live_stats(), "pid": os.getpid(), "host": socket.gethostname()}

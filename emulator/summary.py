@@ -7,6 +7,7 @@ link's bytes and busy time: two runs have the same fingerprint exactly when thos
 from __future__ import annotations
 
 import hashlib
+import socket
 from dataclasses import dataclass, field
 
 
@@ -72,6 +73,7 @@ def export_shard(shard) -> dict:
 
         data["links"] = replicate_links(topo, data["links"], sorted(owned_nodes), fold)
     data["events"] = shard.events
+    data["busy_s"] = shard.busy_s
     return data
 
 
@@ -101,6 +103,7 @@ def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_message
         timeline=[_merge_counts([e["timeline"][t] for e in exports], nested=False) for t in range(tiers)],
         bucket_ns=exports[0]["bucket_ns"],
         traces={int(r): t for e in exports for r, t in e.get("traces", {}).items()},
+        extra={"shard_busy_s": [e.get("busy_s", 0.0) for e in exports]},
     )
 
 
@@ -182,4 +185,9 @@ def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards:
         },
         "peak_memory_bytes": max((r.peak_memory_bytes for r in result.ranks), default=0),
         "fingerprint": fingerprint(result),
+        # wall seconds each shard spent working (the rest of its wall time it waited for rounds)
+        "shard_busy_s": [round(b, 3) for b in result.extra.get("shard_busy_s", [])],
+        # where each shard ran: Ray node and host (Ray), or this process
+        "shard_nodes": result.extra.get("shard_nodes")
+        or [{"node_id": "in-process", "host": socket.gethostname()}] * shards,
     }

@@ -3,25 +3,38 @@ protocol as the Ray backend. ``--shards N`` here shows that sharding does not ch
 
 from __future__ import annotations
 
-from emulator.engine.coordinator import Observer, plan_shards, run_rounds
-from emulator.engine.diagnose import raise_for_stuck
+from emulator.engine.coordinator import Observer, drive
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import relaxed_gc
+from emulator.engine.placement import shard_layout
 from emulator.engine.shard import Shard
 from emulator.programs import resolve_program
-from emulator.summary import RunResult, export_shard, merge
+from emulator.summary import RunResult, export_shard
 
 
-def shard_layout(topo, shards: int) -> tuple[list[list[int]], list[int]]:
-    """Ranks of each shard (whole nodes) and the shard of each rank."""
-    rank_shard = [0] * topo.world_size
-    layout = []
-    for index, nodes in enumerate(plan_shards(topo.num_nodes, shards)):
-        ranks = [r for n in nodes for r in range(topo.node_first_rank[n], topo.node_first_rank[n] + topo.node_gpus[n])]
-        layout.append(ranks)
-        for r in ranks:
-            rank_shard[r] = index
-    return layout, rank_shard
+class InlineTransport:
+    """Shards as objects of this process; a batch is the list of records itself."""
+
+    def __init__(self, shards: list[Shard], world_size: int):
+        self.objs = shards
+        self.shards = len(shards)
+        self.world_size = world_size
+
+    def start(self) -> dict:
+        return {i: self._reply(shard, shard.start(), False) for i, shard in enumerate(self.objs)}
+
+    def step(self, work: dict) -> dict:
+        return {i: self._reply(self.objs[i], self.objs[i].step(horizon, inbound), want_stats)
+                for i, (horizon, inbound, want_stats) in work.items()}  # fmt: skip
+
+    @staticmethod
+    def _reply(shard: Shard, result: tuple, want_stats: bool) -> tuple:
+        next_time, bound, out = result
+        batches = {dst: (len(recs), min(r[0] for r in recs), recs) for dst, recs in out.items() if recs}
+        return next_time, bound, batches, shard.live_stats() if want_stats else None
+
+    def finish(self) -> list[tuple[list, dict, dict]]:
+        return [(s.blocked(), export_shard(s), s.live_stats()) for s in self.objs]
 
 
 def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, program=None, args=None,
@@ -30,13 +43,9 @@ def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, 
     program_is_workload = program is None
     if program is None:
         program, args = resolve_program(config)
-    layout, rank_shard = shard_layout(topo, shards)
+    layout, rank_shard = shard_layout(topo, shards, config)
     fold = fold_factor(config, topo) if program_is_workload else 1
     with relaxed_gc():
         objs = [Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks, fold)
                 for i, ranks in enumerate(layout)]  # fmt: skip
-        for shard in objs:
-            shard.start()
-        stats = run_rounds(objs, topo.min_cross_node_latency_ns(), observer)
-    raise_for_stuck([b for s in objs for b in s.blocked()])
-    return merge(topo.world_size, [export_shard(s) for s in objs], stats.rounds, stats.cross_shard_messages)
+        return drive(InlineTransport(objs, topo.world_size), topo.min_cross_node_latency_ns(), observer)

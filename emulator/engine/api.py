@@ -31,7 +31,7 @@ OP_CODES = {name: i for i, name in enumerate(OPS)}
 class Group:
     """A process group: an explicit, ordered list of ranks (ring order for ring algorithms)."""
 
-    __slots__ = ("ranks", "gid", "index", "tier", "one_node", "calls", "arrivals")
+    __slots__ = ("ranks", "gid", "index", "tier", "one_node", "calls", "arrivals", "cross")
 
     def __init__(self, ranks: tuple[int, ...], tier: int, one_node: bool = False):
         self.ranks = ranks
@@ -45,6 +45,7 @@ class Group:
         # programs repeat the same few calls thousands of times
         self.calls: dict[tuple, tuple] = {}
         self.arrivals = len(ranks)  # members that issue calls (fewer under symmetry folding)
+        self.cross = False  # some member lives in another shard (set by the shard)
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -198,6 +199,7 @@ class GPU:
         seq = gpu.coll_seq.get(group.gid, 0)
         gpu.coll_seq[group.gid] = seq + 1
         op_obj = Op(COLL, None, call, algorithm, (group.gid, seq), sig)
+        op_obj.cross = group.cross
         return self._blocking(self._launch(op_obj, stream, comm=True), async_op)
 
     def _blocking(self, handle: Handle, async_op: bool) -> Handle:

@@ -1,26 +1,38 @@
-"""The conservative round protocol, independent of where shards live.
+"""The conservative round protocol, independent of where shards live (one process, or Ray actors).
 
-Each round: every shard reports the time of its earliest pending event; no shard can emit a
-cross-shard message stamped earlier than that time plus the lookahead (the minimum cross-node
-latency), so every shard may safely process all events before ``T = min(next) + lookahead``. The
-cross-shard messages produced are exchanged in one batch per shard pair, and the next round starts.
-Rounds jump over idle virtual time by construction. A single shard needs no rounds at all.
+Each round, shard ``j`` may process every event stamped before ``H_j``, the earliest time a message
+from another shard could still reach it. After a round every shard reports its next event time
+``T_i`` and a lower bound ``c_i`` on the start of its next cross-shard send that no new arrival
+causes (emulator/engine/lookahead.py). Shard ``i``'s next send therefore starts no earlier than
+
+    s_i = min(max(c_i, T_i), earliest record on its way to i, the next arrival at i)
+
+(an arrival may release a send at once), and reaches another shard no earlier than ``s_i + L``,
+``L`` being the smallest cross-shard latency. Solving ``H_j = min over i != j of (min(s_i, H_i) + L)``
+gives, with ``a`` the shard of the smallest ``s`` (``s1``) and ``s2`` the next smallest,
+``H_j = s1 + L`` for ``j != a`` and ``H_a = min(s2 + L, s1 + 2L)``: the least solution of those
+inequalities, hence safe, and every shard with the globally earliest event can always advance.
+The cross-shard messages produced are exchanged in one batch per shard pair, and the next round
+starts. A single shard needs no rounds at all (one call, or ``window_ns`` slices when observed).
+
+:func:`drive` is the one run sequence of every backend: start, rounds, finish, merge. A backend
+supplies a :class:`Transport` that moves the calls and the batches (in-process: method calls;
+Ray: actor calls or a compiled graph).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+from emulator.engine.diagnose import raise_for_stuck
 
 INF = float("inf")
 
-
-class ShardLike(Protocol):
-    def next_time(self) -> float: ...
-    def run_until(self, horizon: float) -> dict[int, list]: ...
-    def deliver(self, records: list) -> None: ...
-    def live_stats(self) -> dict: ...
+OBSERVE_EVERY_S = 0.5  # wall seconds between live observations
+WINDOW_NS = 1e7  # virtual time a single observed shard advances per round
 
 
 class Observer(Protocol):
@@ -33,71 +45,113 @@ class Observer(Protocol):
     def update(self, rounds: int, virtual_time_ns: float, shard_stats: list[dict]) -> None: ...
 
 
-def plan_shards(num_nodes: int, shards: int) -> list[list[int]]:
-    """Whole nodes per shard, contiguous blocks (tensor groups and nearby ranks stay together)."""
-    shards = max(1, min(shards, num_nodes))
-    base, extra = divmod(num_nodes, shards)
-    plan, start = [], 0
-    for i in range(shards):
-        size = base + (1 if i < extra else 0)
-        plan.append(list(range(start, start + size)))
-        start += size
-    return plan
+# What a shard answers to a step: (next event time, output bound, {dst: (count, earliest, payload)},
+# live stats or None). The payload is whatever the transport's ``step`` accepts back as inbound.
+StepReply = tuple[float, float, dict, "dict | None"]
 
 
+class Transport(Protocol):
+    """Where the shards live and how calls and batches reach them."""
+
+    shards: int
+    world_size: int
+
+    def start(self) -> dict[int, StepReply]:
+        """Build the shards and run every program to its first suspension; a reply per shard."""
+
+    def step(self, work: dict[int, tuple[float, list, bool]]) -> dict[int, StepReply]:
+        """One round on the given shards: ``{shard: (horizon, inbound payloads, want_stats)}``."""
+
+    def finish(self) -> list[tuple[list, dict, dict]]:
+        """Every shard's ``(blocked ranks, exported results, last live stats)``, in shard order."""
+
+
+@dataclass
 class RoundStats:
     """Counters of the protocol itself."""
 
-    def __init__(self) -> None:
-        self.rounds = 0
-        self.cross_shard_messages = 0
+    rounds: int = 0
+    cross_shard_messages: int = 0
+    virtual_time_ns: float = 0.0  # the earliest pending event when the run stopped (or ended)
 
 
-OBSERVE_EVERY_S = 0.5  # wall seconds between live observations
-WINDOW_NS = 1e7  # virtual time a single observed shard advances per round
+def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[float],
+                  arriving: Sequence[float], lookahead_ns: float) -> list[float]:  # fmt: skip
+    """Each shard's horizon for the next round (see the module docstring); never below ``done``."""
+    n = len(nexts)
+    sends = [min(max(bounds[i], nexts[i]), arriving[i]) for i in range(n)]
+    first = min(range(n), key=sends.__getitem__)  # the lowest index among equals: deterministic
+    s1 = sends[first]
+    s2 = min(sends[i] for i in range(n) if i != first)
+    horizons = [s1 + lookahead_ns] * n
+    horizons[first] = min(s2 + lookahead_ns, s1 + 2 * lookahead_ns)
+    return [h if h > d else d for h, d in zip(horizons, done, strict=True)]
 
 
-def horizon_step(shards: int, lookahead_ns: int, observed: bool, window_ns: float = WINDOW_NS) -> float:
-    """How far past the earliest pending event a round may go (the conservative rule; every backend)."""
-    if shards > 1:
-        return lookahead_ns
-    return window_ns if observed else INF
+def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = None,
+          observe_every_s: float = OBSERVE_EVERY_S, window_ns: float = WINDOW_NS):  # fmt: skip
+    """Run to the end: start, rounds, finish; returns the merged ``RunResult``.
 
-
-def run_rounds(
-    shards: Sequence[ShardLike],
-    lookahead_ns: int,
-    observer: Observer | None = None,
-    observe_every_s: float = OBSERVE_EVERY_S,
-    window_ns: float = WINDOW_NS,
-) -> RoundStats:
-    """Drive shards to the end of the run.
-
-    With one shard and no observer everything runs in a single call. With an observer, a single
-    shard still advances in ``window_ns`` slices of virtual time so that live figures move; how the
-    work is cut never changes results.
+    Raises the run's own errors (deadlock, mismatch, OOM, program errors) as the shards meet them.
     """
+    from emulator.summary import merge
+
     stats = RoundStats()
-    step = horizon_step(len(shards), lookahead_ns, observer is not None, window_ns)
+    finished = run_rounds(transport, lookahead_ns, stats, observer, observe_every_s, window_ns)
+    raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
+    return merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
+                 stats.cross_shard_messages)  # fmt: skip
+
+
+def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, observer: Observer | None = None,
+               observe_every_s: float = OBSERVE_EVERY_S, window_ns: float = WINDOW_NS) -> list:  # fmt: skip
+    """The rounds of :func:`drive`; ``stats`` is updated as they go (a failed run keeps them).
+
+    A shard with no event before its horizon and nothing inbound would do nothing: it is skipped
+    (every shard takes part in observed rounds). How the work is cut never changes results.
+    """
+    n = transport.shards
+    nexts, bounds, done = [INF] * n, [INF] * n, [0.0] * n
+    inbox: list[list] = [[] for _ in range(n)]
+    arriving = [INF] * n  # earliest record on its way to each shard
+
+    def receive(replies: dict) -> None:
+        for i in replies:
+            nexts[i], bounds[i] = replies[i][0], replies[i][1]
+        for i in sorted(replies):  # source-shard order: every backend delivers in this order
+            for dst, (count, earliest, payload) in sorted(replies[i][2].items()):
+                stats.cross_shard_messages += count
+                inbox[dst].append(payload)
+                if earliest < arriving[dst]:
+                    arriving[dst] = earliest
+
+    receive(transport.start())
     last_observed = time.monotonic()
-    t_min = 0.0
     while True:
-        t_min = min(s.next_time() for s in shards)
+        pending = [min(a, b) for a, b in zip(nexts, arriving, strict=True)]
+        t_min = min(pending)
+        stats.virtual_time_ns = t_min
         if t_min == INF:
             break
-        horizon = t_min + step
-        outs = [s.run_until(horizon) for s in shards]
+        if n == 1:
+            horizons = [t_min + window_ns if observer is not None else INF]
+        else:
+            horizons = next_horizons(done, nexts, bounds, arriving, lookahead_ns)
+        due = observer is not None and time.monotonic() - last_observed >= observe_every_s
+        busy = [i for i in range(n) if due or inbox[i] or pending[i] < horizons[i]]
+        work = {i: (horizons[i], inbox[i], due) for i in busy}
+        replies = transport.step(work)
         stats.rounds += 1
-        for out in outs:
-            for dst, records in sorted(out.items()):
-                stats.cross_shard_messages += len(records)
-                shards[dst].deliver(records)
-        if observer is not None and time.monotonic() - last_observed >= observe_every_s:
+        for i in busy:
+            inbox[i], arriving[i], done[i] = [], INF, horizons[i]
+        receive(replies)
+        if due:
             last_observed = time.monotonic()
-            publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [s.live_stats() for s in shards])
+            publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [replies[i][3] for i in range(n)])
+    finished = transport.finish()
     if observer is not None:
-        publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [s.live_stats() for s in shards])
-    return stats
+        publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [f[2] for f in finished])
+    return finished
 
 
 def publish(observer: Observer, rounds: int, cross_shard_messages: int, t_min: float, shard_stats: list) -> None:

@@ -152,8 +152,11 @@ class NetCore:
                                 f"engine represents; check the sizes and bandwidths of this run")  # fmt: skip
         self.top = t if t >= 0 else INF
 
-    def has_outbox(self) -> bool:
-        return bool(self.st[OUT_N])
+    def next_time_of(self, ranks) -> float:
+        """The earliest event in the core's heap that belongs to one of ``ranks``."""
+        rows = self.heap[: int(self.st[HEAP_N])]
+        times = rows[np.isin(rows[:, 2], np.fromiter(ranks, np.int64, len(ranks))), 0]
+        return float(times.min()) if len(times) else INF
 
     def top_key(self) -> tuple:
         st = self.st

@@ -19,7 +19,12 @@ COMM_KINDS = frozenset({SEND, RECV, COLL})
 
 
 class Op:
-    """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard)."""
+    """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard).
+
+    For the shard's lookahead (emulator/engine/lookahead.py): ``cum`` is, on a compute op, the sum of
+    the durations of the compute ops launched on its stream up to it; ``cross`` marks a send or
+    collective that can reach another shard, and ``cdep`` is the compute-stream op it waits for.
+    """
 
     __slots__ = (
         "kind",
@@ -36,6 +41,9 @@ class Op:
         "c",
         "d",
         "gpu",
+        "cum",
+        "cdep",
+        "cross",
     )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
@@ -49,6 +57,7 @@ class Op:
         self.t_start = 0
         self.t_end = 0
         self.a, self.b, self.c, self.d = a, b, c, d
+        self.cross = False
 
     def describe(self) -> str:
         """Readable name; collectives build theirs only when asked (errors, traces)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 
 from greenlet import greenlet
 
@@ -28,6 +29,7 @@ from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
 from emulator.engine.folding import is_representative
+from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
 from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
@@ -51,6 +53,7 @@ class Shard(CollectiveExecution):
         trace_ranks = {r - r % fold for r in trace_ranks}
         self.index = index
         self.rank_shard = rank_shard
+        self.sharded = any(s != index for s in rank_shard)  # other shards exist: bounds are needed
         self.config = config
         self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
         self.heap: list = []
@@ -72,7 +75,10 @@ class Shard(CollectiveExecution):
         self.range_groups: dict[range, Group] = {}  # new_group(range(...)) -> its group
         self._world: Group | None = None
         self.events = 0
+        self.busy_s = 0.0  # wall seconds spent in start() and step(): what a host of its own would need
         self.now = 0
+        self.done_until = 0  # every event stamped before it is processed (the last horizon reached)
+        self.cross_runs: dict[int, int] = {}  # rank -> its started collectives whose group spans shards
         self.gpus: dict[int, VirtualGPU] = {}
         for rank in ranks:
             spec = get_gpu(topo.gpu_type(rank))
@@ -84,13 +90,34 @@ class Shard(CollectiveExecution):
         self.program_args = program_args if program_args is not None else {}
 
     # -- programs ------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Run every program up to its first suspension, in rank order, at virtual time 0."""
+    def start(self) -> tuple[float, float, dict[int, list]]:
+        """Run every program up to its first suspension, in rank order, at virtual time 0;
+        returns what :meth:`step` does (with the messages the first launches sent)."""
+        started = time.perf_counter()
         for rank in sorted(self.gpus):
             gpu = self.gpus[rank]
             api = GPU(self, gpu, self.program_args, self.config)
             gpu.greenlet = greenlet(self._program_main)
             self._switch(gpu, api)
+        reply = self.next_time(), self.output_bound(), self._take_outbox()
+        self.busy_s += time.perf_counter() - started
+        return reply
+
+    def step(self, horizon: float, inbound: list[list]) -> tuple[float, float, dict[int, list]]:
+        """One round (emulator/engine/coordinator.py): accept ``inbound`` batches (in source-shard
+        order), process every event before ``horizon``; returns ``(next event time, output bound,
+        {destination shard: records})``."""
+        started = time.perf_counter()
+        for records in inbound:
+            self.deliver(records)
+        out = self.run_until(horizon)
+        reply = self.next_time(), self.output_bound(), out
+        self.busy_s += time.perf_counter() - started
+        return reply
+
+    def output_bound(self) -> float:
+        """Lower bound on this shard's next cross-shard send (emulator/engine/lookahead.py)."""
+        return output_bound(self) if self.sharded else INF
 
     def _program_main(self, api: GPU) -> None:
         self.program(api)
@@ -131,6 +158,7 @@ class Shard(CollectiveExecution):
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
             g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
+            g.cross = any(self.rank_shard[r] != self.index for r in ranks)
             # with folding, only representatives issue calls: a group of one representative
             # and its tensor peers completes when the representative arrives
             g.arrivals = sum(1 for r in ranks if is_representative(r, self.fold))
@@ -180,6 +208,16 @@ class Shard(CollectiveExecution):
                     else:
                         dep.dependents.append(op)
         op.deps_left = left
+        if op.kind == COMPUTE:
+            stream.launched_ns += op.a
+        op.cum = stream.launched_ns
+        if comm and (op.cross or (op.kind == SEND and self.rank_shard[op.a] != self.index)):
+            # it can reach another shard: the lookahead bounds when (emulator/engine/lookahead.py)
+            op.cross = True
+            compute = streams.get("compute")
+            last = compute.last if compute is not None else None
+            op.cdep = last if last is not None and not last.done else None
+            gpu.cross_queued.append(op)
         stream.ops.append(op)
         stream.last = op
         gpu.outstanding += 1
@@ -210,6 +248,8 @@ class Shard(CollectiveExecution):
                 self._push(t + op.a, EV_OP_DONE, gpu, op)
                 return
             if kind == COLL:
+                if op.cross:
+                    self.cross_runs[gpu.rank] = self.cross_runs.get(gpu.rank, 0) + 1
                 self._start_collective(gpu, op, t)
                 return
             if kind == SEND:
@@ -252,8 +292,13 @@ class Shard(CollectiveExecution):
         if op.kind == COMPUTE:
             gpu.compute_ns += t - op.t_start
             gpu.flops_done += op.b
+            stream.done_ns += op.a
         elif op.kind in COMM_KINDS:
             gpu.comm_ns += t - op.t_start
+            if op.cross and op.kind == COLL:
+                left = self.cross_runs.pop(gpu.rank) - 1
+                if left:
+                    self.cross_runs[gpu.rank] = left
         if gpu.trace is not None:
             gpu.trace.append((stream.name, op.describe(), op.kind, op.t_start, t))
         dependents = op.dependents
@@ -306,6 +351,8 @@ class Shard(CollectiveExecution):
         collective = []
         for rec in records:
             rec = tuple(rec)
+            # the round protocol's promise: nothing arrives stamped before what was already processed
+            assert rec[0] >= self.done_until, (rec[0], self.done_until, self.index)
             if rec[6] and self.compiled:  # a collective's message (group id != 0): the core's
                 collective.append(rec)
             else:
@@ -375,10 +422,13 @@ class Shard(CollectiveExecution):
         t = self.heap[0][0] if self.heap else INF
         if self.core.top < t:
             t = self.core.top
-        if self.outbox or self.core.has_outbox():
-            # messages sent by the programs' first launches (start) leave with the next round
-            t = min(t, self.now)
         return t
+
+    def next_time_of(self, ranks: dict) -> float:
+        """The earliest pending event of any of ``ranks`` (steps, hand-overs, completions)."""
+        t = min((e[0] for e in self.heap if e[2] in ranks), default=INF)
+        core_t = self.core.next_time_of(ranks)
+        return core_t if core_t < t else t
 
     def run_until(self, horizon: float) -> dict[int, list]:
         """Process every event stamped before ``horizon``; return the cross-shard messages."""
@@ -409,7 +459,12 @@ class Shard(CollectiveExecution):
             else:
                 self._handover(obj, t)
         self.events += count + core.events - core_events
-        core.take_outbox(self.outbox)
+        if horizon > self.done_until:
+            self.done_until = horizon
+        return self._take_outbox()
+
+    def _take_outbox(self) -> dict[int, list]:
+        self.core.take_outbox(self.outbox)
         out, self.outbox = self.outbox, {}
         return out
 

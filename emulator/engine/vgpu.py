@@ -12,7 +12,7 @@ from collections import deque
 class Stream:
     """A FIFO of launched operations; only the head runs."""
 
-    __slots__ = ("name", "ops", "last", "blocked_since", "unblocked_by")
+    __slots__ = ("name", "ops", "last", "blocked_since", "unblocked_by", "launched_ns", "done_ns")
 
     def __init__(self, name: str):
         self.name = name
@@ -20,6 +20,9 @@ class Stream:
         self.last = None  # the most recently launched op (a dependency for later launches)
         self.blocked_since = -1  # when the head op started waiting on another stream (-1: not waiting)
         self.unblocked_by = ""  # stream of the dependency that released the head
+        # durations of the compute ops launched on / completed by this stream (lookahead bounds)
+        self.launched_ns = 0
+        self.done_ns = 0
 
 
 class VirtualGPU:
@@ -29,7 +32,7 @@ class VirtualGPU:
         "rank", "node", "spec", "capacity_bytes", "streams", "pending_waits", "outstanding",
         "greenlet", "suspended", "sync_op", "finished", "seq", "mailbox", "waiters",
         "coll_seq", "p2p_send", "p2p_recv", "mem_used", "mem_peak", "allocations", "marks",
-        "ops_done", "compute_ns", "flops_done", "comm_ns", "last_time", "wait_ns", "trace",
+        "ops_done", "compute_ns", "flops_done", "comm_ns", "last_time", "wait_ns", "trace", "cross_queued",
     )  # fmt: skip
 
     def __init__(self, rank: int, node: int, spec, capacity_bytes: int):
@@ -63,6 +66,7 @@ class VirtualGPU:
         # (the compute stream waiting on the pipeline stream is bubble; on "tp"/"dp", exposed comm)
         self.wait_ns: dict[str, dict[str, int]] = {}
         self.trace: list | None = None  # (stream, name, kind, start_ns, end_ns) when this rank is traced
+        self.cross_queued: list = []  # launched sends and collectives that can reach another shard
 
     def stream(self, name: str) -> Stream:
         s = self.streams.get(name)

@@ -1,0 +1,66 @@
+"""How far ahead a shard's neighbours may run: a lower bound on its next cross-shard message.
+
+    emulator run configs/runs/megatron-1t-3072gpu.yaml --shards 4   # rounds: ~1e4 instead of ~2e6
+
+The round protocol (emulator/engine/coordinator.py) lets shard ``j`` process every event stamped
+before the earliest time a message from another shard could still reach it. A message leaves a
+shard only when one of its ranks starts a send or a step of a collective whose peer lives
+elsewhere, so the shard bounds the *start* of its next such operation from what it knows:
+
+- a queued send or collective to another shard (``gpu.cross_queued``) waits for the compute-stream
+  work launched before it (CUDA semantics, emulator/engine/ops.py), which runs in order on one
+  stream: it starts no earlier than that work's end, and that end is no earlier than the start of
+  the stream's running kernel plus the durations of every compute op up to it
+  (``Stream.launched_ns`` / ``done_ns`` keep those sums, so the bound is O(1) per op);
+- a rank whose program can still launch: anything it launches later starts after the compute
+  stream's last op, hence no earlier than that op's end bound (a finished program launches nothing);
+- a collective spanning shards that has started sends at its members' steps, which happen at
+  their pending events (steps, hand-overs of their messages) or when a message from another shard
+  arrives (the coordinator's part): its bound is the earliest pending event of those members;
+- nothing starts before the last horizon reached (``done_until``): every event before it is done.
+
+What a message still to arrive could cause is not in this bound (an arrival can release a send at
+once); the coordinator adds it, together with the shard's next event time. Waits on receives and
+on other streams only delay work, so leaving them out keeps the bound a lower bound: looser, never
+wrong. The engine asserts the promise where it matters: a record stamped before what its
+destination already processed fails ``Shard.deliver``.
+"""
+
+from __future__ import annotations
+
+from emulator.engine.events import INF
+from emulator.engine.ops import COMPUTE
+
+
+def end_bound(op, stream, now: float) -> float:
+    """A lower bound on when ``op`` (on ``stream``, whose ops run in order) completes."""
+    if op is None:
+        return now
+    if op.done:
+        return op.t_end
+    head = stream.ops[0]  # the oldest op not completed; ``op`` is it or behind it
+    base = head.t_start if head.started and head.kind == COMPUTE else now
+    # every compute op from the head up to ``op`` still has to run, one after the other
+    bound = base + op.cum - stream.done_ns
+    return bound if bound > now else now
+
+
+def output_bound(shard) -> float:
+    """Lower bound on the start of any cross-shard send the shard has not made yet, arrivals aside."""
+    now = shard.done_until
+    best = shard.next_time_of(shard.cross_runs) if shard.cross_runs else INF
+    for gpu in shard.gpus.values():
+        compute = gpu.streams.get("compute")
+        if not gpu.finished:
+            # whatever the program launches later comes after the compute stream's last op
+            bound = end_bound(compute.last, compute, now) if compute is not None else now
+            if bound < best:
+                best = bound
+        if gpu.cross_queued:
+            queued = gpu.cross_queued = [op for op in gpu.cross_queued if not op.started]  # started ones have sent
+            for op in queued:
+                dep = op.cdep
+                bound = end_bound(dep, dep.stream, now) if dep is not None else now
+                if bound < best:
+                    best = bound
+    return best
