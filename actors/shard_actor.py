@@ -139,9 +139,9 @@ class ShardHost:
         return self._reply(self.shard.step(horizon, [decode_records(blob) for blob in inbound]), want_stats)
 
     def _reply(self, result: tuple, want_stats: bool) -> tuple:
-        next_time, bound, out = result
+        next_time, bound, out, busy_s = result
         batches = {dst: (len(recs), min(r[0] for r in recs), encode_records(recs)) for dst, recs in out.items() if recs}
-        return next_time, bound, batches, (self.live_stats() if want_stats else None)
+        return next_time, bound, batches, (self.live_stats() if want_stats else None), busy_s
 
     def live_stats(self) -> dict:
         return {**self.shard.live_stats(), "pid": os.getpid(), "host": socket.gethostname()}

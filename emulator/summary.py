@@ -187,6 +187,8 @@ def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards:
         "fingerprint": fingerprint(result),
         # wall seconds each shard spent working (the rest of its wall time it waited for rounds)
         "shard_busy_s": [round(b, 3) for b in result.extra.get("shard_busy_s", [])],
+        # wall seconds the rounds took beyond their busiest shard's work (calls, batches, driver)
+        "round_overhead_s": round(result.extra.get("round_overhead_s", 0.0), 3),
         # where each shard ran: Ray node and host (Ray), or this process
         "shard_nodes": result.extra.get("shard_nodes")
         or [{"node_id": "in-process", "host": socket.gethostname()}] * shards,

@@ -29,9 +29,9 @@ class InlineTransport:
 
     @staticmethod
     def _reply(shard: Shard, result: tuple, want_stats: bool) -> tuple:
-        next_time, bound, out = result
+        next_time, bound, out, busy_s = result
         batches = {dst: (len(recs), min(r[0] for r in recs), recs) for dst, recs in out.items() if recs}
-        return next_time, bound, batches, shard.live_stats() if want_stats else None
+        return next_time, bound, batches, shard.live_stats() if want_stats else None, busy_s
 
     def finish(self) -> list[tuple[list, dict, dict]]:
         return [(s.blocked(), export_shard(s), s.live_stats()) for s in self.objs]

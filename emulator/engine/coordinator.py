@@ -46,8 +46,9 @@ class Observer(Protocol):
 
 
 # What a shard answers to a step: (next event time, output bound, {dst: (count, earliest, payload)},
-# live stats or None). The payload is whatever the transport's ``step`` accepts back as inbound.
-StepReply = tuple[float, float, dict, "dict | None"]
+# live stats or None, wall seconds the shard worked on it). The payload is whatever the
+# transport's ``step`` accepts back as inbound.
+StepReply = tuple[float, float, dict, "dict | None", float]
 
 
 class Transport(Protocol):
@@ -73,6 +74,9 @@ class RoundStats:
     rounds: int = 0
     cross_shard_messages: int = 0
     virtual_time_ns: float = 0.0  # the earliest pending event when the run stopped (or ended)
+    # wall seconds of the rounds beyond their busiest shard's work: what the protocol and the
+    # transport cost (calls, batches, the driver), per run; / rounds = the overhead of one round
+    overhead_s: float = 0.0
 
 
 def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[float],
@@ -99,8 +103,10 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
     stats = RoundStats()
     finished = run_rounds(transport, lookahead_ns, stats, observer, observe_every_s, window_ns)
     raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
-    return merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
-                 stats.cross_shard_messages)  # fmt: skip
+    result = merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
+                   stats.cross_shard_messages)  # fmt: skip
+    result.extra["round_overhead_s"] = stats.overhead_s
+    return result
 
 
 def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, observer: Observer | None = None,
@@ -140,7 +146,9 @@ def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, obser
         due = observer is not None and time.monotonic() - last_observed >= observe_every_s
         busy = [i for i in range(n) if due or inbox[i] or pending[i] < horizons[i]]
         work = {i: (horizons[i], inbox[i], due) for i in busy}
+        started = time.perf_counter()
         replies = transport.step(work)
+        stats.overhead_s += time.perf_counter() - started - max(r[4] for r in replies.values())
         stats.rounds += 1
         for i in busy:
             inbox[i], arriving[i], done[i] = [], INF, horizons[i]

@@ -90,7 +90,7 @@ class Shard(CollectiveExecution):
         self.program_args = program_args if program_args is not None else {}
 
     # -- programs ------------------------------------------------------------------------------
-    def start(self) -> tuple[float, float, dict[int, list]]:
+    def start(self) -> tuple[float, float, dict[int, list], float]:
         """Run every program up to its first suspension, in rank order, at virtual time 0;
         returns what :meth:`step` does (with the messages the first launches sent)."""
         started = time.perf_counter()
@@ -99,21 +99,22 @@ class Shard(CollectiveExecution):
             api = GPU(self, gpu, self.program_args, self.config)
             gpu.greenlet = greenlet(self._program_main)
             self._switch(gpu, api)
-        reply = self.next_time(), self.output_bound(), self._take_outbox()
-        self.busy_s += time.perf_counter() - started
-        return reply
+        return self._reply(started, self._take_outbox())
 
-    def step(self, horizon: float, inbound: list[list]) -> tuple[float, float, dict[int, list]]:
+    def step(self, horizon: float, inbound: list[list]) -> tuple[float, float, dict[int, list], float]:
         """One round (emulator/engine/coordinator.py): accept ``inbound`` batches (in source-shard
         order), process every event before ``horizon``; returns ``(next event time, output bound,
-        {destination shard: records})``."""
+        {destination shard: records}, wall seconds this call took)``."""
         started = time.perf_counter()
         for records in inbound:
             self.deliver(records)
-        out = self.run_until(horizon)
-        reply = self.next_time(), self.output_bound(), out
-        self.busy_s += time.perf_counter() - started
-        return reply
+        return self._reply(started, self.run_until(horizon))
+
+    def _reply(self, started: float, out: dict) -> tuple[float, float, dict[int, list], float]:
+        next_time, bound = self.next_time(), self.output_bound()
+        busy = time.perf_counter() - started
+        self.busy_s += busy
+        return next_time, bound, out, busy
 
     def output_bound(self) -> float:
         """Lower bound on this shard's next cross-shard send (emulator/engine/lookahead.py)."""

@@ -20,7 +20,7 @@ CASES = {
         "training.global_batch_size=16", "model.num_layers=4"]),
     "heterogeneous, uneven pipeline": (RUNS / "hetero-uneven-pipeline.yaml", ["training.global_batch_size=8"]),
 }  # fmt: skip
-WALL = {"wall_time_s", "speed_ratio", "events", "events_per_s", "shard_busy_s"}
+WALL = {"wall_time_s", "speed_ratio", "events", "events_per_s", "shard_busy_s", "round_overhead_s"}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
