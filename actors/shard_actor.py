@@ -138,6 +138,11 @@ class ShardHost:
         """
         return self._reply(self.shard.step(horizon, [decode_records(blob) for blob in inbound]), want_stats)
 
+    def round(self, work: tuple | None) -> tuple | None:
+        """A compiled graph's round (actors/compiled.py): ``work`` is :meth:`step`'s arguments, or
+        None when this shard has nothing to do (it takes part in every round of the graph)."""
+        return None if work is None else self.step(*work)
+
     def _reply(self, result: tuple, want_stats: bool) -> tuple:
         next_time, bound, out, busy_s = result
         batches = {dst: (len(recs), min(r[0] for r in recs), encode_records(recs)) for dst, recs in out.items() if recs}
