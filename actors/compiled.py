@@ -1,4 +1,4 @@
-"""Rounds over a Ray compiled graph: the shard actors' ``round`` methods bound once, executed per round.
+"""Rounds over a Ray compiled graph: the shard actors' ``round`` methods bound once, executed per call.
 
     emulator run configs/runs/megatron-1t-3072gpu.yaml --backend ray --shards 2   # uses it by default
 
@@ -6,7 +6,9 @@ An ordinary actor call costs a task submission, a scheduling decision and an obj
 per shard and round; a compiled graph (``ray.dag``, ``experimental_compile``) keeps one execution
 loop per actor reading its input from a shared-memory channel, so a round is a channel write and
 read per shard. Every shard takes part in every round (``None`` for a shard with nothing to do:
-it answers at once). Two things differ from ordinary calls and are handled here:
+it answers at once). The run's start and finish go through the graph too, so that the rank
+programs (greenlets, bound to the thread that made them) are always switched to from the graph's
+thread. Two things differ from ordinary calls and are handled here:
 
 - a compiled result can be read only once, even after a timeout, so the driver waits without a
   timeout while a watchdog thread pings the shards (their ``control`` thread answers while the
@@ -37,8 +39,9 @@ class CompiledRounds:
             dag = MultiOutputNode([actor.round.bind(inp[i]) for i, actor in enumerate(pool.actors)])
         self.graph = dag.experimental_compile()
 
-    def step(self, work: dict) -> dict:
-        refs = self.graph.execute(*(work.get(i) for i in range(self.shards)))
+    def call(self, verb: str, work: dict) -> dict:
+        """``verb`` (start, step, finish) with ``work[i]``'s arguments on the shards in ``work``."""
+        refs = self.graph.execute(*((verb, work[i]) if i in work else None for i in range(self.shards)))
         lost: list[BackendError] = []
         waiting = threading.Event()
         watchdog = threading.Thread(target=self._watch, args=(waiting, lost), daemon=True)

@@ -13,10 +13,10 @@ shard from a lost host.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import ray
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import tune_process
 from emulator.engine.shard import Shard
+from emulator.errors import BackendError
 from emulator.programs import forget_program, resolve_program
 from emulator.summary import export_shard
 from netmodel.topology import Topology
@@ -58,17 +59,50 @@ def decode_records(blob: bytes) -> list:
     return list(msgpack.unpackb(blob, use_list=False, ext_hook=_unpack_ext))
 
 
-@functools.cache
-def code_digest() -> str:
-    """Digest of the engine's source files when this process first asked (about when it imported
-    them): every shard must run the code the driver runs."""
+def _source_digest(root: Path) -> str:
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
     for package in _PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+# Where this process imported the engine from, and its source files as they were then (an edit of
+# the checkout after the import does not change the code this process runs, so neither its digest).
+# Under `ray job submit --working-dir`, _ROOT is Ray's unpacked copy of the submitted checkout in
+# the driver and in every shard: the job's PYTHONPATH puts it ahead of any installed copy.
+_ROOT = Path(__file__).resolve().parents[1]
+_DIGEST = _source_digest(_ROOT)
+
+
+def _imported_elsewhere() -> list[str]:
+    """Modules of this project that this process imported from another place than ``_ROOT``."""
+    strays = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if name.partition(".")[0] in _PACKAGES and file and not Path(file).resolve().is_relative_to(_ROOT):
+            strays.append(f"{name} from {Path(file).parent}")
+    return sorted(strays)
+
+
+def code_digest() -> str:
+    """Digest of the engine's source files as this process imported them: every shard must run the
+    code the driver runs.
+
+    Raises BackendError where the process mixes code from two places: the files of the submitted
+    copy went away under it (Ray nodes on one machine that share a temporary directory unpack a job's
+    working_dir again for each node), and an installed checkout (``pip install -e``) filled in.
+    """
+    strays = _imported_elsewhere()
+    if strays:
+        raise BackendError(
+            f"this process imported emulator code from two places, {_ROOT} and {strays[0]}"
+            f"{f' (+{len(strays) - 1} more)' if len(strays) > 1 else ''}: a copy it ran from changed during the "
+            "run (Ray nodes on one machine need a temporary directory each: ray start --temp-dir, which "
+            "deploy/ray/start-worker.sh sets with RAY_PORT_OFFSET)"
+        )
+    return _DIGEST
 
 
 def localise_program(config, source: bytes | None):
@@ -138,10 +172,16 @@ class ShardHost:
         """
         return self._reply(self.shard.step(horizon, [decode_records(blob) for blob in inbound]), want_stats)
 
-    def round(self, work: tuple | None) -> tuple | None:
-        """A compiled graph's round (actors/compiled.py): ``work`` is :meth:`step`'s arguments, or
-        None when this shard has nothing to do (it takes part in every round of the graph)."""
-        return None if work is None else self.step(*work)
+    def round(self, work: tuple | None):
+        """A compiled graph's call (actors/compiled.py): ``work`` is ``(verb, args)`` with verb
+        ``start``, ``step`` or ``finish``, or None when this shard has nothing to do (it takes part in
+        every round of the graph). Every engine call of a run goes through the graph: the rank
+        programs are greenlets, which only the thread that made them may switch to."""
+        if work is None:
+            return None
+        verb, args = work
+        assert verb in ("start", "step", "finish"), verb
+        return getattr(self, verb)(*args)
 
     def _reply(self, result: tuple, want_stats: bool) -> tuple:
         next_time, bound, out, busy_s = result
