@@ -66,7 +66,9 @@ def connect(ray, address: str | None) -> bool:
     """
     if ray.is_initialized():
         return False
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    # our one-line errors, not Ray's output: no worker logs, no Ray warnings (a token-authentication
+    # notice on every local start); Ray's errors still show, but see _quiet_driver
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
     try:
         if address is not None and address != "auto":
             _check_reachable(address)
@@ -81,7 +83,25 @@ def connect(ray, address: str | None) -> bool:
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError here
         where = address or os.environ.get("RAY_ADDRESS") or "a new local instance"
         raise BackendError(f"cannot connect to Ray at {where}: {_first_line(exc)}") from None
+    _quiet_driver(ray)
     return True
+
+
+def _quiet_driver(ray) -> None:
+    """Keep Ray's reports of a lost shard off the terminal: the run says it in one line naming the
+    shard and its host (and summary.json records it); Ray's own logs keep the details.
+
+    - A dead worker makes Ray print "(raylet) A worker died or was killed while executing a task ..."
+      and a paragraph of advice, even with ``log_to_driver=False``: the driver prints the errors the
+      cluster pushes from a thread of its own (``ray._private.worker.listen_error_messages``). They
+      are turned off as Ray's debugger does it (``ray.util.rpdb``), in this driver only.
+    - Tearing down a compiled graph whose actor died logs a traceback per dead actor at ERROR
+      ("Error cancelling worker task"), after the run has already stopped with its error.
+    """
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    if hasattr(worker, "_worker_logs_enabled"):
+        worker._worker_logs_enabled = False
+    logging.getLogger("ray.dag").setLevel(logging.CRITICAL)
 
 
 def _key(placement: dict) -> tuple:
@@ -171,8 +191,15 @@ class ShardPool:
         for p, actor in zip(self.placement, self.actors, strict=True):
             _IDLE["idle"].setdefault(_key(p), []).append(actor)
 
+    def shard_error(self, index: int, what: str) -> BackendError:
+        """A BackendError about shard ``index``: "shard I on host H <what>", with ``shard`` and
+        ``host`` attributes (a failed run's summary.json names them: ``lost_shard``)."""
+        err = BackendError(f"shard {index} on host {self.hosts[index]} {what}")
+        err.shard, err.host = index, self.hosts[index]
+        return err
+
     def lost(self, index: int, exc: BaseException) -> BackendError:
-        return BackendError(f"shard {index} on host {self.hosts[index]} died: {_first_line(exc)}")
+        return self.shard_error(index, f"died: {_first_line(exc)}")
 
     def call(self, method: str, args: dict[int, tuple], timeout_s: float | None = None) -> dict:
         """Call ``method`` on the given shards at once; results by shard.
@@ -200,9 +227,8 @@ class ShardPool:
             late = [i for i in order if refs[i] in waiting]
             if timeout_s is not None:
                 if time.monotonic() - started > timeout_s:
-                    i = late[0]
-                    raise BackendError(f"shard {i} on host {self.hosts[i]} did not start within {timeout_s:.0f} s "
-                                       "(no free CPU there, or its worker process failed)")  # fmt: skip
+                    raise self.shard_error(late[0], f"did not start within {timeout_s:.0f} s "
+                                                    "(no free CPU there, or its worker process failed)")  # fmt: skip
             else:
                 self.check_alive(late)
         results = {}
@@ -233,8 +259,8 @@ class ShardPool:
         _, silent = ray.wait(list(pings.values()), num_returns=len(pings), timeout=PING_TIMEOUT_S)
         for i, ref in pings.items():
             if ref in silent:
-                raise BackendError(f"shard {i} on host {self.hosts[i]} stopped answering for {PING_TIMEOUT_S:.0f} s "
-                                   "(host lost or process frozen)")  # fmt: skip
+                raise self.shard_error(i, f"stopped answering for {PING_TIMEOUT_S:.0f} s "
+                                          "(host lost or process frozen)")  # fmt: skip
             self._raise_if_lost(i, ref)
 
     def kill(self) -> None:
@@ -266,19 +292,41 @@ class RayTransport:
         self.layout, self.rank_shard, self.trace_ranks = layout, rank_shard, tuple(trace_ranks)
         self.shards = len(layout)
         self.world_size = topo.world_size
+        self.compiled = None  # CompiledRounds, when the run asks for it (every engine call then uses it)
+        if self.shards > 1 and config.engine.ray_rounds == "compiled":
+            from actors.compiled import CompiledRounds
+
+            self.compiled = CompiledRounds(ray, pool, CHECK_EVERY_S)
+
+    def _call(self, verb: str, work: dict) -> dict:
+        if self.compiled is None:
+            return self.pool.call(verb, work)
+        try:
+            return self.compiled.call(verb, work)
+        except BaseException:
+            self.close()  # a graph that met an error is unusable
+            raise
 
     def start(self) -> dict:
-        config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
+        config_ref, rank_shard_ref = self.config, self.rank_shard
+        if self.compiled is None:  # an actor call takes references (its arguments are resolved); a graph, values
+            config_ref, rank_shard_ref = self.ray.put(config_ref), self.ray.put(rank_shard_ref)
         source = _program_source(self.config)
-        return self.pool.call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source)
-                                        for i in range(self.shards)})  # fmt: skip
+        return self._call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source)
+                                    for i in range(self.shards)})  # fmt: skip
 
     def step(self, work: dict) -> dict:
-        return self.pool.call("step", work)
+        return self._call("step", work)
 
     def finish(self) -> list[tuple[list, dict, dict]]:
-        finished = self.pool.call("finish", {i: () for i in range(self.shards)})
+        finished = self._call("finish", {i: () for i in range(self.shards)})
+        self.close()  # the actors' loops end, so that they take ordinary calls again
         return [finished[i] for i in range(self.shards)]
+
+    def close(self) -> None:
+        if self.compiled is not None:
+            self.compiled.close()
+            self.compiled = None
 
 
 def run_ray(config, topo, shards: int, address: str | None = None, observer: Observer | None = None,
@@ -295,7 +343,9 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
     except BaseException as exc:
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)
         if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
-            raise BackendError(f"Ray failed during the run: {_first_line(exc)}") from None
+            err = BackendError(f"Ray failed during the run: {_first_line(exc)}")
+            err.round_stats = getattr(exc, "round_stats", None)  # what the run reached (coordinator.drive)
+            raise err from None
         raise  # the run's own errors, and bugs (RayTaskError) with their remote traceback
     pool.release()
     result.extra["shard_nodes"] = [{"node_id": pool.info[i]["node_id"], "host": pool.hosts[i]}

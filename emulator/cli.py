@@ -102,7 +102,7 @@ def _start_monitor(args, config, out_dir: Path):
 def cmd_run(args) -> int:
     from emulator.results.rundir import write_results
     from emulator.results.tables import parse_rank_spec
-    from emulator.run import default_out_dir, execute, write_config
+    from emulator.run import default_out_dir, execute, write_config, write_failed_run
     from netmodel.topology import Topology
 
     config = _load(args)
@@ -118,8 +118,9 @@ def cmd_run(args) -> int:
         summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
                                         observer=monitor if monitor.active else None,
                                         trace_ranks=trace_ranks)  # fmt: skip
-    except BaseException:
+    except BaseException as exc:
         monitor.close()
+        write_failed_run(out, config, exc)  # summary.json: status, the error, what the run reached
         raise
     monitor.finish(summary, result)
     out, tables = write_results(out, config, summary, result, topo)

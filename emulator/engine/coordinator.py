@@ -97,15 +97,25 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
     """Run to the end: start, rounds, finish; returns the merged ``RunResult``.
 
     Raises the run's own errors (deadlock, mismatch, OOM, program errors) as the shards meet them.
+    Whatever escapes (those, a lost shard, Ctrl-C) carries what the run reached, for a failed run's
+    summary: ``exc.round_stats`` (the :class:`RoundStats` so far; its ``virtual_time_ns`` is the
+    earliest pending event of the last round, a time every shard had reached) and, when every shard
+    ran to its end but ranks were left stuck (deadlock, mismatch), ``exc.partial_result``: the merged
+    ``RunResult`` of everything that ran (else None).
     """
     from emulator.summary import merge
 
     stats = RoundStats()
-    finished = run_rounds(transport, lookahead_ns, stats, observer, observe_every_s, window_ns)
-    raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
-    result = merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
-                   stats.cross_shard_messages)  # fmt: skip
-    result.extra["round_overhead_s"] = stats.overhead_s
+    result = None
+    try:
+        finished = run_rounds(transport, lookahead_ns, stats, observer, observe_every_s, window_ns)
+        result = merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
+                       stats.cross_shard_messages)  # fmt: skip
+        result.extra["round_overhead_s"] = stats.overhead_s
+        raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
+    except BaseException as exc:
+        exc.round_stats, exc.partial_result = stats, result
+        raise
     return result
 
 

@@ -22,6 +22,11 @@ def test_user_errors_exit_2_with_one_line(example, message, capsys, tmp_path):
     assert code == 2
     assert len(err) == 1 and err[0].startswith(message)
     assert (tmp_path / "config.yaml").is_file()  # written before the run
+    summary = json.loads((tmp_path / "summary.json").read_text())  # and what the run reached, after it
+    assert summary["status"] == "failed" and "error: " + summary["error"] == err[0]
+    assert summary["name"] == example and summary["backend"] == "inline" and summary["world_size"] == 32
+    for key in ("virtual_time_reached_s", "rounds", "cross_shard_messages", "wall_time_s"):
+        assert key in summary
 
 
 def test_unknown_key_on_the_command_line_exits_2(capsys):
@@ -72,3 +77,57 @@ def test_python_dash_m_runs_the_cli(tmp_path):
     for key in ("sim_time_s", "wall_time_s", "events", "world_size", "iteration_time_s", "bytes_by_tier",
                 "message_size_histogram", "fingerprint"):  # fmt: skip
         assert key in summary
+
+
+def test_deadlock_keeps_everything_measured_so_far(tmp_path):
+    """Every rank ran until it blocked: the run directory has the figures and tables of a finished run."""
+    (tmp_path / "stuck.py").write_text(
+        "def program(gpu):\n"
+        "    gpu.compute('f', duration_ns=5000)\n"
+        "    gpu.send(gpu.rank ^ 1, 1 << 20)\n"
+        "    gpu.recv(gpu.rank ^ 1, 1 << 20)\n"
+        "    gpu.recv(gpu.rank ^ 1, 1 << 20)  # never sent\n"
+    )
+    out = tmp_path / "run"
+    code = main(["run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--program", f"{tmp_path / 'stuck.py'}:program",
+                 "--set", "cluster.nodes=2", "--shards", "2", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("deadlock: 16 rank(s) blocked forever")
+    # every rank computed 5 us, then its partner's message arrived: the time reached is past both
+    assert summary["virtual_time_reached_s"] == summary["sim_time_s"] > 5e-6
+    assert summary["shards"] == 2 and summary["events"] > 0 and summary["fingerprint"]
+    assert summary["messages_by_tier"] == {"pcie": 16, "tor": 0, "spine": 0}
+    for table in ("links.csv", "ranks.csv", "trace.json"):
+        assert (out / table).is_file()
+
+
+def test_interrupted_run_keeps_what_it_reached(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the third round: exit 130, summary.json says interrupted after two rounds."""
+    from emulator.backends.inline import InlineTransport
+
+    step = InlineTransport.step
+    calls = []
+
+    def interrupted(self, work):
+        calls.append(work)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return step(self, work)
+
+    monkeypatch.setattr(InlineTransport, "step", interrupted)
+    out = tmp_path / "run"
+    code = main(["run", str(CONFIGS / "examples" / "data-parallel.yaml"), "--shards", "2", "--out", str(out),
+                 "--quiet", "--set", "program_args.iterations=1"])  # fmt: skip
+    assert code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"] == "interrupted"
+    assert summary["rounds"] == 2 and summary["virtual_time_reached_s"] > 0
+    assert summary["cross_shard_messages"] > 0 and "lost_shard" not in summary
+
+
+def test_completed_runs_say_so(tmp_path):
+    assert main(["run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--out", str(tmp_path), "--quiet",
+                 "--set", "program_args.iterations=1"]) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and "error" not in summary
