@@ -45,7 +45,7 @@ class Group:
         # programs repeat the same few calls thousands of times
         self.calls: dict[tuple, tuple] = {}
         self.arrivals = len(ranks)  # members that issue calls (fewer under symmetry folding)
-        self.cross = False  # some member lives in another shard (set by the shard)
+        self.cross: tuple[int, ...] = ()  # the other shards its members live in (set by the shard)
 
     def __len__(self) -> int:
         return len(self.ranks)

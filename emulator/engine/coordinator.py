@@ -1,17 +1,18 @@
 """The conservative round protocol, independent of where shards live (one process, or Ray actors).
 
 Each round, shard ``j`` may process every event stamped before ``H_j``, the earliest time a message
-from another shard could still reach it. After a round every shard reports its next event time
-``T_i`` and a lower bound ``c_i`` on the start of its next cross-shard send that no new arrival
-causes (emulator/engine/lookahead.py). Shard ``i``'s next send therefore starts no earlier than
+from another shard could still reach it. After a round every shard ``i`` reports its next event
+time ``T_i``, for each shard ``j`` a lower bound ``c_ij`` on the start of its next send to ``j``
+that no new arrival causes, and ``d_i``, the least time between an arrival and a send it causes
+(emulator/engine/lookahead.py). Shard ``i``'s next send to ``j`` therefore starts no earlier than
 
-    s_i = min(max(c_i, T_i), earliest record on its way to i, the next arrival at i)
+    s_ij = min(max(c_ij, T_i), e_i + d_i, X_i + d_i)
 
-(an arrival may release a send at once), and reaches another shard no earlier than ``s_i + L``,
-``L`` being the smallest cross-shard latency. Solving ``H_j = min over i != j of (min(s_i, H_i) + L)``
-gives, with ``a`` the shard of the smallest ``s`` (``s1``) and ``s2`` the next smallest,
-``H_j = s1 + L`` for ``j != a`` and ``H_a = min(s2 + L, s1 + 2L)``: the least solution of those
-inequalities, hence safe, and every shard with the globally earliest event can always advance.
+(``e_i``: the earliest record on its way to ``i``; ``X_i``: its next arrival, no earlier than
+``H_i``) and reaches ``j`` no earlier than ``s_ij + L``, ``L`` being the smallest cross-shard
+latency. The horizons are the least solution of ``H_j = min over i != j of (min(s_ij, H_i + d_i) +
+L)``: shortest paths with positive weights, hence safe (every true arrival time satisfies the same
+inequalities), and the shard with the globally earliest event can always advance.
 The cross-shard messages produced are exchanged in one batch per shard pair, and the next round
 starts. A single shard needs no rounds at all (one call, or ``window_ns`` slices when observed).
 
@@ -79,16 +80,27 @@ class RoundStats:
     overhead_s: float = 0.0
 
 
-def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[float],
+def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[tuple[list, float]],
                   arriving: Sequence[float], lookahead_ns: float) -> list[float]:  # fmt: skip
-    """Each shard's horizon for the next round (see the module docstring); never below ``done``."""
+    """Each shard's horizon for the next round (see the module docstring); never below ``done``.
+
+    ``bounds[i]`` is shard i's ``(to, delay)``: ``to[j]`` bounds its next send to shard j that no new
+    arrival causes, ``delay`` the least time between an arrival and a send it causes.
+    """
     n = len(nexts)
-    sends = [min(max(bounds[i], nexts[i]), arriving[i]) for i in range(n)]
-    first = min(range(n), key=sends.__getitem__)  # the lowest index among equals: deterministic
-    s1 = sends[first]
-    s2 = min(sends[i] for i in range(n) if i != first)
-    horizons = [s1 + lookahead_ns] * n
-    horizons[first] = min(s2 + lookahead_ns, s1 + 2 * lookahead_ns)
+    # sends[i][j]: the earliest shard i can send to j, arrivals still to come aside
+    sends = [[min(max(to, nexts[i]), arriving[i] + bounds[i][1]) for to in bounds[i][0]] for i in range(n)]
+    horizons = [min(sends[i][j] for i in range(n) if i != j) + lookahead_ns for j in range(n)]
+    # what an arrival at i (no earlier than its horizon) makes i send: shortest paths, weights > 0
+    for _ in range(n - 1):
+        relaxed = False
+        for i in range(n):
+            via = horizons[i] + bounds[i][1] + lookahead_ns
+            for j in range(n):
+                if j != i and via < horizons[j]:
+                    horizons[j], relaxed = via, True
+        if not relaxed:
+            break
     return [h if h > d else d for h, d in zip(horizons, done, strict=True)]
 
 

@@ -19,11 +19,23 @@ elsewhere, so the shard bounds the *start* of its next such operation from what 
   arrives (the coordinator's part): its bound is the earliest pending event of those members;
 - nothing starts before the last horizon reached (``done_until``): every event before it is done.
 
-What a message still to arrive could cause is not in this bound (an arrival can release a send at
-once); the coordinator adds it, together with the shard's next event time. Waits on receives and
-on other streams only delay work, so leaving them out keeps the bound a lower bound: looser, never
-wrong. The engine asserts the promise where it matters: a record stamped before what its
-destination already processed fails ``Shard.deliver``.
+The bound is kept per destination shard (a queued send knows where it goes; later launches and
+collectives under way may go anywhere), so shards that do not exchange messages constrain each
+other only through the shards between them.
+
+What a message still to arrive could cause is not in these bounds; the shard gives instead the
+least *delay* between an arrival and a send it causes, and the coordinator adds ``arrival +
+delay``. Each op records at launch (``Op.dl``, O(1)) the least compute time between a message
+arriving and the op ending: a receive or a collective can end as soon as a message arrives (0), a
+compute op adds its duration to the least over what it waits for (the previous op on its stream,
+the ops it depends on). A queued cross-shard op's ``ds`` (the same at its start), and the
+compute stream's last op for later launches, give the shard's delay; a collective under way
+spanning shards, or a program that could launch at once, make it 0. Paths from arrivals only
+disappear as ops complete, so the figures recorded at launch stay lower bounds.
+
+Waits on receives and on other streams only delay work, so leaving them out of the bounds keeps
+them lower bounds: looser, never wrong. The engine asserts the promise where it matters: a record
+stamped before what its destination already processed fails ``Shard.deliver``.
 """
 
 from __future__ import annotations
@@ -45,22 +57,36 @@ def end_bound(op, stream, now: float) -> float:
     return bound if bound > now else now
 
 
-def output_bound(shard) -> float:
-    """Lower bound on the start of any cross-shard send the shard has not made yet, arrivals aside."""
+def output_bound(shard) -> tuple[list[float], float]:
+    """``(to, delay)``: ``to[j]`` bounds the start of the shard's next send to shard ``j`` that no
+    new arrival causes; ``delay`` is the least compute time between an arrival and a send it causes.
+    """
     now = shard.done_until
-    best = shard.next_time_of(shard.cross_runs) if shard.cross_runs else INF
+    to = [INF] * shard.shards
+    every = INF  # what can go anywhere: later launches, collectives under way
+    delay = INF
+    if shard.cross_runs:
+        every, delay = shard.next_time_of(shard.cross_runs), 0
     for gpu in shard.gpus.values():
-        compute = gpu.streams.get("compute")
         if not gpu.finished:
-            # whatever the program launches later comes after the compute stream's last op
-            bound = end_bound(compute.last, compute, now) if compute is not None else now
-            if bound < best:
-                best = bound
+            compute = gpu.streams.get("compute")
+            last = compute.last if compute is not None else None
+            if last is None or last.done:
+                bound, dl = now, 0  # the program may launch a send as soon as it resumes
+            else:
+                bound, dl = end_bound(last, compute, now), last.dl
+            if bound < every:
+                every = bound
+            if dl < delay:
+                delay = dl
         if gpu.cross_queued:
             queued = gpu.cross_queued = [op for op in gpu.cross_queued if not op.started]  # started ones have sent
             for op in queued:
                 dep = op.cdep
                 bound = end_bound(dep, dep.stream, now) if dep is not None else now
-                if bound < best:
-                    best = bound
-    return best
+                for j in op.cross:
+                    if bound < to[j]:
+                        to[j] = bound
+                if op.ds < delay:
+                    delay = op.ds
+    return [t if t < every else every for t in to], delay

@@ -21,9 +21,10 @@ COMM_KINDS = frozenset({SEND, RECV, COLL})
 class Op:
     """One launched operation; ``a``/``b``/``c``/``d`` hold the kind's arguments (see Shard).
 
-    For the shard's lookahead (emulator/engine/lookahead.py): ``cum`` is, on a compute op, the sum of
-    the durations of the compute ops launched on its stream up to it; ``cross`` marks a send or
-    collective that can reach another shard, and ``cdep`` is the compute-stream op it waits for.
+    For the shard's lookahead (emulator/engine/lookahead.py): ``cum`` is the sum of the durations of
+    the compute ops launched on its stream up to it; ``cross`` holds the other shards a send or
+    collective can reach (empty: none), and ``cdep`` is the compute-stream op it waits for; ``dl``
+    is the least compute time between a message arriving and this op ending (``ds``: starting).
     """
 
     __slots__ = (
@@ -44,6 +45,8 @@ class Op:
         "cum",
         "cdep",
         "cross",
+        "dl",
+        "ds",
     )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):
@@ -57,7 +60,7 @@ class Op:
         self.t_start = 0
         self.t_end = 0
         self.a, self.b, self.c, self.d = a, b, c, d
-        self.cross = False
+        self.cross = ()
 
     def describe(self) -> str:
         """Readable name; collectives build theirs only when asked (errors, traces)."""

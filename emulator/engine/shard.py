@@ -53,7 +53,7 @@ class Shard(CollectiveExecution):
         trace_ranks = {r - r % fold for r in trace_ranks}
         self.index = index
         self.rank_shard = rank_shard
-        self.sharded = any(s != index for s in rank_shard)  # other shards exist: bounds are needed
+        self.shards = max(rank_shard) + 1  # shards of the run (bounds are needed when there are several)
         self.config = config
         self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
         self.heap: list = []
@@ -116,9 +116,10 @@ class Shard(CollectiveExecution):
         self.busy_s += busy
         return next_time, bound, out, busy
 
-    def output_bound(self) -> float:
-        """Lower bound on this shard's next cross-shard send (emulator/engine/lookahead.py)."""
-        return output_bound(self) if self.sharded else INF
+    def output_bound(self) -> tuple[list[float], float]:
+        """Lower bounds on this shard's next send to each shard, and the least delay from an
+        arrival to a send (emulator/engine/lookahead.py)."""
+        return output_bound(self) if self.shards > 1 else ([INF], INF)
 
     def _program_main(self, api: GPU) -> None:
         self.program(api)
@@ -159,7 +160,7 @@ class Shard(CollectiveExecution):
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
             g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
-            g.cross = any(self.rank_shard[r] != self.index for r in ranks)
+            g.cross = tuple(sorted({self.rank_shard[r] for r in ranks} - {self.index}))
             # with folding, only representatives issue calls: a group of one representative
             # and its tensor peers completes when the representative arrives
             g.arrivals = sum(1 for r in ranks if is_representative(r, self.fold))
@@ -200,21 +201,32 @@ class Shard(CollectiveExecution):
                 deps = deps or []
                 deps.append(compute.last)
         left = 0
+        # the least compute time between a message arriving and this op starting (lookahead.py)
+        last = stream.last
+        delay = last.dl if last is not None and not last.done else INF
         if deps:
             for dep in deps:
                 if not dep.done:
                     left += 1
+                    if dep.dl < delay:
+                        delay = dep.dl
                     if dep.dependents is None:
                         dep.dependents = [op]
                     else:
                         dep.dependents.append(op)
         op.deps_left = left
-        if op.kind == COMPUTE:
+        kind = op.kind
+        if kind == COMPUTE:
             stream.launched_ns += op.a
+            op.dl = delay + op.a
+        else:  # a receive or a collective can complete as soon as a message arrives
+            op.dl = 0 if kind == RECV or kind == COLL else delay
         op.cum = stream.launched_ns
-        if comm and (op.cross or (op.kind == SEND and self.rank_shard[op.a] != self.index)):
+        if comm and (op.cross or (kind == SEND and self.rank_shard[op.a] != self.index)):
             # it can reach another shard: the lookahead bounds when (emulator/engine/lookahead.py)
-            op.cross = True
+            if kind == SEND:
+                op.cross = (self.rank_shard[op.a],)
+            op.ds = delay
             compute = streams.get("compute")
             last = compute.last if compute is not None else None
             op.cdep = last if last is not None and not last.done else None

@@ -16,14 +16,20 @@ WALL = {"wall_time_s", "speed_ratio", "events_per_s", "shard_busy_s", "round_ove
 
 
 def test_horizons_closed_form():
-    """H_j = s1 + L for j != a; H_a = min(s2 + L, s1 + 2L); never below what was reached."""
-    # shard 0's next send at 100 (its compute), shard 1's at 500; L = 10
-    assert next_horizons([0, 0], [50, 60], [100, 500], [INF, INF], 10) == [120, 110]
-    assert next_horizons([0, 0, 0], [50, 60, 70], [100, 500, 130], [INF, INF, INF], 10) == [120, 110, 110]
-    # a record on its way to shard 1 at 70 can make it send at once
-    assert next_horizons([0, 0], [50, 60], [100, 500], [INF, 70], 10) == [80, 90]
+    """H_j = min over i != j of (min(s_ij, H_i + d_i) + L), never below what was reached."""
+    L = 10
+    # shard 0 sends at 100 at the earliest, shard 1 at 500, and an arrival makes either send at once
+    assert next_horizons([0, 0], [50, 60], [([INF, 100], 0), ([500, INF], 0)], [INF, INF], L) == [120, 110]
+    # an arrival makes shard 1 send only 1000 ns later: shard 0 may run to 500 + L
+    assert next_horizons([0, 0], [50, 60], [([INF, 100], 0), ([500, INF], 1000)], [INF, INF], L) == [510, 110]
+    # three shards in a chain 0 - 1 - 2: shard 2 hears of shard 0's send only through shard 1, which
+    # may receive at 110 and send to either side 50 later
+    bounds = [([INF, 100, INF], 0), ([500, INF, 700], 50), ([INF, 900, INF], 0)]
+    assert next_horizons([0, 0, 0], [50, 60, 70], bounds, [INF, INF, INF], L) == [170, 110, 170]
+    # a record on its way to shard 1 at 70 can make it send 50 later
+    assert next_horizons([0, 0, 0], [50, 60, 70], bounds, [INF, 70, INF], L) == [130, 110, 130]
     # a bound below the next event counts from the next event; nothing goes below what was done
-    assert next_horizons([0, 300], [200, 400], [-INF, 1000], [INF, INF], 10) == [220, 300]
+    assert next_horizons([0, 300], [200, 400], [([INF, 0], 0), ([1000, INF], 0)], [INF, INF], L) == [220, 300]
 
 
 def pipeline_program(gpu):
