@@ -193,13 +193,14 @@ class GPU:
             call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)
             # the signature every message of this call carries, so members can check they agree
             sig = OP_CODES[op] | ALGO_CODES[name] << 4 | root_index << 8 | int(size_bytes) << 28
-            cached = group.calls[key] = (call, algorithm, sig)
-        call, algorithm, sig = cached
+            cached = group.calls[key] = (call, algorithm, sig, self._shard.closed_form(call, algorithm, group))
+        call, algorithm, sig, closed = cached
         gpu = self._gpu
         seq = gpu.coll_seq.get(group.gid, 0)
         gpu.coll_seq[group.gid] = seq + 1
         op_obj = Op(COLL, None, call, algorithm, (group.gid, seq), sig)
         op_obj.cross = group.cross
+        op_obj.dl = closed  # (duration, arrivals) of a closed-form call, or None; launch() makes it a delay
         return self._blocking(self._launch(op_obj, stream, comm=True), async_op)
 
     def _blocking(self, handle: Handle, async_op: bool) -> Handle:

@@ -39,6 +39,7 @@ from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
+from netmodel.collectives.analytic import ANALYTIC
 
 
 class Shard(CollectiveExecution):
@@ -179,6 +180,14 @@ class Shard(CollectiveExecution):
             tier_algos = topo.cluster.tiers[group.tier - 1].algorithms
         return tier_algos.get(op) or DEFAULTS[op]
 
+    def closed_form(self, call, algorithm, group: Group) -> tuple[int, int] | None:
+        """``(duration_ns, members that arrive)`` when ``call`` runs in closed form (the intra-node
+        fast path of emulator/engine/collective_run.py), else None."""
+        if not (self.fast_collectives and (algorithm.name, call.op) in ANALYTIC and group.one_node):
+            return None
+        plan = self._closed_plan(call, algorithm)
+        return plan[6], plan[2]
+
     def compute_time_ns(self, gpu: VirtualGPU, flops: float, bytes_: float, kind: str, precision: str) -> int:
         return op_duration_ns(gpu.spec, flops, bytes_, kind, precision)
 
@@ -219,8 +228,13 @@ class Shard(CollectiveExecution):
         if kind == COMPUTE:
             stream.launched_ns += op.a
             op.dl = delay + op.a
-        else:  # a receive or a collective can complete as soon as a message arrives
-            op.dl = 0 if kind == RECV or kind == COLL else delay
+        elif kind == COLL:
+            # message-level: it can complete as soon as a message arrives; closed form (intra-node):
+            # it lasts its duration after the last member's start (this one's, when it stands alone)
+            closed = op.dl
+            op.dl = 0 if closed is None else (delay if closed[1] == 1 else 0) + closed[0]
+        else:  # a receive can complete as soon as its message arrives
+            op.dl = 0 if kind == RECV else delay
         op.cum = stream.launched_ns
         if comm and (op.cross or (kind == SEND and self.rank_shard[op.a] != self.index)):
             # it can reach another shard: the lookahead bounds when (emulator/engine/lookahead.py)
