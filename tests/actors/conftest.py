@@ -1,5 +1,5 @@
-"""One Ray for every test of the Ray backend: a two-node ``ray.cluster_utils.Cluster`` of one CPU each
-(two CPUs in all), so that every test also runs shards pinned across Ray nodes."""
+"""One Ray for every test of the Ray backend: a four-node ``ray.cluster_utils.Cluster`` of one CPU each
+(four CPUs in all), so that every test also runs shards pinned across Ray nodes, up to one per node."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import logging
 
 import pytest
 
+RAY_NODES = 4
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """Start the two-node Ray once per session; shut it down at the end."""
+    """Start the four-node Ray once per session; shut it down at the end."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -19,7 +21,8 @@ def ray_cluster():
     store = 80 << 20
     head = {"num_cpus": 1, "object_store_memory": store, "include_dashboard": False}  # CI installs ray[default]
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    cluster.add_node(num_cpus=1, object_store_memory=store)
+    for _ in range(RAY_NODES - 1):
+        cluster.add_node(num_cpus=1, object_store_memory=store)
     ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
     cluster.wait_for_nodes()
     yield cluster

@@ -20,6 +20,7 @@ from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
 from emulator.errors import BackendError, CollectiveMismatchError, DeadlockError, OutOfMemoryError
 from emulator.run import execute
+from tests.actors.conftest import RAY_NODES
 from tests.conftest import CONFIGS, ROOT, cluster_dict
 
 pytestmark = pytest.mark.ray
@@ -76,11 +77,25 @@ def test_identical_results_inline_and_on_ray(ray_cluster, shards):
         assert on_ray["backend"] == "ray" and on_ray["shards"] == shards
         assert figures(on_ray) == figures(inline), name
         assert on_ray["fingerprint"] == reference["fingerprint"], name
-        if shards > 1:  # shards pinned across the cluster's two Ray nodes; live figures seen
-            assert len({s["node_id"] for s in on_ray["shard_nodes"]}) == 2, name
+        nodes = on_ray["shard_nodes"]  # one {"node_id", "host"} per shard, each on a node of its own
+        assert len(nodes) == shards and all(set(n) == {"node_id", "host"} for n in nodes), name
+        assert len({n["node_id"] for n in nodes}) == min(shards, RAY_NODES), name
+        if shards > 1:  # live figures seen
             assert recorder.updates[-1] == (on_ray["rounds"], list(range(shards)))
         if name == "pipeline" and shards > 1:
             assert on_ray["cross_shard_messages"] > 0
+
+
+def test_pipeline_stages_on_four_ray_nodes(ray_cluster):
+    """The built-in workload with four pipeline stages on four shards: one shard per Ray node, and
+    the fingerprint of the in-process run on one shard."""
+    config = load_run(CONFIGS / "runs/megatron-22b-8gpu.yaml",
+                      ["cluster.nodes=4", "parallel.pipeline=4", "model.num_layers=4", "training.global_batch_size=8"])
+    reference, _, _ = execute(config, "inline", 1)
+    on_ray, _, _ = execute(config, "ray", 4)
+    assert len({n["node_id"] for n in on_ray["shard_nodes"]}) == 4 == RAY_NODES
+    assert on_ray["cross_shard_messages"] > 0 and on_ray["fingerprint"] == reference["fingerprint"]
+    assert figures(on_ray) == figures(execute(config, "inline", 4)[0])
 
 
 def test_observed_single_shard_slices_time_like_inline(ray_cluster):
