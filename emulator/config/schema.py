@@ -111,9 +111,11 @@ class EngineConfig:
     # where message-level collectives run: "compiled" (numba, emulator/engine/netkernels.py) or
     # "python" (the reference implementation); the results are the same bit for bit
     collective_engine: Literal["compiled", "python"] = "compiled"
-    # how the Ray backend runs rounds: "compiled" (one Ray compiled graph over the shard actors,
-    # actors/compiled.py) or "calls" (one actor call per busy shard and round)
-    ray_rounds: Literal["compiled", "calls"] = "compiled"
+    # how the Ray backend runs rounds: "calls" (one actor call per busy shard and round) or
+    # "compiled" (one Ray compiled graph over the shard actors, actors/compiled.py: ~3x less overhead
+    # per round, but its processes spin while they wait, which costs more than it saves where shards
+    # and driver share too few cores, as on two; see benchmarks/README.md)
+    ray_rounds: Literal["calls", "compiled"] = "calls"
 
     def validate(self, path: str) -> None:
         require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")
