@@ -91,16 +91,13 @@ def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequenc
     # sends[i][j]: the earliest shard i can send to j, arrivals still to come aside
     sends = [[min(max(to, nexts[i]), arriving[i] + bounds[i][1]) for to in bounds[i][0]] for i in range(n)]
     horizons = [min(sends[i][j] for i in range(n) if i != j) + lookahead_ns for j in range(n)]
-    # what an arrival at i (no earlier than its horizon) makes i send: shortest paths, weights > 0
-    for _ in range(n - 1):
-        relaxed = False
-        for i in range(n):
-            via = horizons[i] + bounds[i][1] + lookahead_ns
-            for j in range(n):
-                if j != i and via < horizons[j]:
-                    horizons[j], relaxed = via, True
-        if not relaxed:
-            break
+    # what an arrival at i (no earlier than its horizon) makes i send to anyone: shortest paths whose
+    # edges out of i all weigh d_i + L > 0, so one pass settles them (a path through a second relay
+    # is never shorter than the direct edge out of the first)
+    relay = [horizons[i] + bounds[i][1] + lookahead_ns for i in range(n)]
+    best = min(range(n), key=relay.__getitem__)
+    runner_up = min(relay[i] for i in range(n) if i != best)
+    horizons = [min(h, runner_up if j == best else relay[best]) for j, h in enumerate(horizons)]
     return [h if h > d else d for h, d in zip(horizons, done, strict=True)]
 
 

@@ -49,7 +49,7 @@ def end_bound(op, stream, now: float) -> float:
     if op is None:
         return now
     if op.done:
-        return op.t_end
+        return op.t_end if op.t_end > now else now
     head = stream.ops[0]  # the oldest op not completed; ``op`` is it or behind it
     base = head.t_start if head.started and head.kind == COMPUTE else now
     # every compute op from the head up to ``op`` still has to run, one after the other

@@ -7,8 +7,11 @@ import random
 
 import pytest
 
+from emulator.config.loader import load_run
 from emulator.engine.coordinator import next_horizons
-from tests.conftest import cluster_dict, run_program
+from emulator.errors import EmulatorError
+from emulator.run import execute
+from tests.conftest import CONFIGS, cluster_dict, run_program
 
 INF = float("inf")
 WALL = {"wall_time_s", "speed_ratio", "events_per_s", "shard_busy_s", "round_overhead_s", "shard_nodes",
@@ -135,3 +138,24 @@ def test_random_programs_same_results_on_1_2_4_shards(seed):
     runs = [run_program(program, cluster, shards=s, fast=fast)[0] for s in (1, 2, 4)]
     figures = [{k: v for k, v in r.items() if k not in WALL} for r in runs]
     assert figures[1] == figures[0] and figures[2] == figures[0]
+
+
+SHIPPED = sorted((CONFIGS / "examples").glob("*.yaml")) + sorted((CONFIGS / "runs").glob("*.yaml"))
+# the longest runs (minutes for the 1000+ GPU ones) are compared with fewer microbatches
+SHORTER = {"megatron-1t-3072gpu": ["training.global_batch_size=96"],
+           "gpt3-175b-1024gpu": ["training.global_batch_size=128"],
+           "llama3-8b-64gpu": ["training.global_batch_size=64"]}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_shipped_runs_same_results_on_1_2_4_shards(path):
+    """Every shipped example and run: the same figures (or the same error) on 1, 2 and 4 shards."""
+    config = load_run(path, SHORTER.get(path.stem, []))
+    outcomes = []
+    for shards in (1, 2, 4):
+        try:
+            summary = execute(config, "inline", shards)[0]
+            outcomes.append({k: v for k, v in summary.items() if k not in WALL})
+        except EmulatorError as exc:
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    assert outcomes[1] == outcomes[0] and outcomes[2] == outcomes[0]
