@@ -118,7 +118,10 @@ def _submit(cluster: JobCluster, checkout: Path, out: Path) -> dict:
     job = f"edit-{out.name}-{uuid.uuid4().hex[:8]}"
     submit = [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", cluster.address,
               "--submission-id", job, "--no-wait", "--working-dir", ".", "--", *command, "run", "run.yaml",
-              "--backend", "ray", "--shards", "2", "--out", str(out), "--quiet"]  # fmt: skip
+              "--backend", "ray", "--shards", "2", "--out", str(out), "--quiet",
+              # named: with another Ray on this machine (the session's), Ray's job supervisor may hand the
+              # driver that one's address (it reads /tmp/ray/ray_current_cluster, which the last started wrote)
+              "--address", cluster.cluster.address]  # fmt: skip
     proc = subprocess.run(submit, cwd=checkout, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     client = JobSubmissionClient(cluster.address)
