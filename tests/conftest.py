@@ -29,9 +29,10 @@ def cluster_dict(nodes=2, gpus=8, su_bw=300.0, su_lat=2.0, nic_count=8, nic_gbps
     return d
 
 
-def run_program(program, cluster=None, args=None, shards=1, trace_ranks=(), fast="intra_node"):
+def run_program(program, cluster=None, args=None, shards=1, trace_ranks=(), fast="intra_node", engine=None):
     """Run a Python function as every rank's program; returns (summary, result, topo)."""
-    data = {"program": "inline:program", "cluster": cluster or cluster_dict(), "engine": {"fast_collectives": fast}}
+    engine = {"fast_collectives": fast, **(engine or {})}
+    data = {"program": "inline:program", "cluster": cluster or cluster_dict(), "engine": engine}
     config = from_dict(RunConfig, data, "")
     topo = Topology(config.cluster)
     result = run_inline(config, topo, shards, program=program, args=args or {}, trace_ranks=trace_ranks)

@@ -11,7 +11,10 @@ elsewhere, so the shard bounds the *start* of its next such operation from what 
   work launched before it (CUDA semantics, emulator/engine/ops.py), which runs in order on one
   stream: it starts no earlier than that work's end, and that end is no earlier than the start of
   the stream's running kernel plus the durations of every compute op up to it
-  (``Stream.launched_ns`` / ``done_ns`` keep those sums, so the bound is O(1) per op);
+  (``Stream.launched_ns`` / ``done_ns`` keep those sums, so the bound is O(1) per op); it also
+  waits for the ops queued before it on its own stream, each of which runs at least its least
+  duration (a collective: its member's bytes over its own links), e.g. the data-parallel
+  all-reduces ahead of the tied-embedding all-reduce at the end of an iteration;
 - a rank whose program can still launch: anything it launches later starts after the compute
   stream's last op, hence no earlier than that op's end bound (a finished program launches nothing);
 - a collective spanning shards that has started sends at its members' steps, which happen at
@@ -41,7 +44,7 @@ stamped before what its destination already processed fails ``Shard.deliver``.
 from __future__ import annotations
 
 from emulator.engine.events import INF
-from emulator.engine.ops import COMPUTE
+from emulator.engine.ops import COLL, COMPUTE
 
 
 def end_bound(op, stream, now: float) -> float:
@@ -55,6 +58,46 @@ def end_bound(op, stream, now: float) -> float:
     # every compute op from the head up to ``op`` still has to run, one after the other
     bound = base + op.cum - stream.done_ns
     return bound if bound > now else now
+
+
+def queue_bound(shard, op, now: float) -> float:
+    """A lower bound on when ``op`` can start behind the ops queued before it on its stream: each
+    not started yet runs at least its :func:`least_duration`, one after the other."""
+    total = 0
+    for prior in op.stream.ops:
+        if prior is op:
+            break
+        if not prior.started:
+            total += least_duration(shard, prior)
+    return now + total
+
+
+def least_duration(shard, op) -> int:
+    """A lower bound on how long ``op`` runs once started: a compute op its duration; a
+    message-level collective the time its member's bytes need to leave through the member's own
+    first links (every byte it sends crosses one of them, each at most at its bandwidth); else 0."""
+    if op.kind == COMPUTE:
+        return op.a
+    if op.kind != COLL:
+        return 0
+    key = (id(op.a), op.b.name, op.gpu.rank)
+    cached = shard.least_durations.get(key)
+    if cached is None or cached[0] is not op.a:
+        closed = shard.closed_form(op.a, op.b, shard.groups[op.a.ranks])
+        if closed is not None:  # the intra-node fast path: exactly its duration after the last arrival
+            least = closed[0]
+        else:
+            topo, rank = shard.topo, op.gpu.rank
+            sent, first_links = 0, set()
+            for channel in op.b.segments(op.a, topo):
+                for sends, _, repeat in channel:
+                    for peer, size, _ in sends:
+                        sent += size * repeat
+                        first_links.add(topo.route(rank, peer).up[0])
+            bandwidth = sum(topo.link_bw[link] for link in first_links)
+            least = int(sent // bandwidth) if bandwidth else 0
+        cached = shard.least_durations[key] = (op.a, least)
+    return cached[1]
 
 
 def output_bound(shard) -> tuple[list[float], float]:
@@ -84,6 +127,9 @@ def output_bound(shard) -> tuple[list[float], float]:
             for op in queued:
                 dep = op.cdep
                 bound = end_bound(dep, dep.stream, now) if dep is not None else now
+                behind = queue_bound(shard, op, now)
+                if behind > bound:
+                    bound = behind
                 for j in op.cross:
                     if bound < to[j]:
                         to[j] = bound

@@ -80,6 +80,7 @@ class Shard(CollectiveExecution):
         self.now = 0
         self.done_until = 0  # every event stamped before it is processed (the last horizon reached)
         self.cross_runs: dict[int, int] = {}  # rank -> its started collectives whose group spans shards
+        self.least_durations: dict[tuple, tuple] = {}  # (call, algorithm, rank) -> (call, ns) (lookahead.py)
         self.gpus: dict[int, VirtualGPU] = {}
         for rank in ranks:
             spec = get_gpu(topo.gpu_type(rank))

@@ -159,3 +159,29 @@ def test_shipped_runs_same_results_on_1_2_4_shards(path):
         except EmulatorError as exc:
             outcomes.append(f"{type(exc).__name__}: {exc}")
     assert outcomes[1] == outcomes[0] and outcomes[2] == outcomes[0]
+
+
+def queued_behind_program(gpu):
+    """Ranks 0 and 1 (one shard) all-reduce twice on stream "dp", then rank 0 joins a collective
+    with rank 2 (the other shard) on the same stream: its start is bounded by the time the two
+    all-reduces need at least (their bytes over the members' links)."""
+    near = gpu.new_group([0, 1]) if gpu.rank in (0, 1) else None
+    far = gpu.new_group([0, 2]) if gpu.rank in (0, 2) else None
+    if near is not None:
+        for _ in range(2):
+            gpu.all_reduce(64 << 20, near, async_op=True, stream="dp")
+    if far is not None:
+        gpu.all_reduce(1 << 20, far, async_op=True, stream="dp")
+    # no synchronize(): a finished program launches nothing more, so only the queue bounds rank 0
+
+
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_collective_queued_behind_collectives(engine):
+    """The bound for a cross-shard collective behind message-level collectives on its stream holds
+    (an over-estimate lets the other shard run past the first message: the engine asserts), and
+    the results are those of one shard."""
+    cluster = cluster_dict(nodes=4, gpus=1, nic_count=1)
+    one = run_program(queued_behind_program, cluster, shards=1, engine={"collective_engine": engine})[0]
+    two = run_program(queued_behind_program, cluster, shards=2, engine={"collective_engine": engine})[0]
+    assert {k: v for k, v in two.items() if k not in WALL} == {k: v for k, v in one.items() if k not in WALL}
+    assert two["cross_shard_messages"] > 0
