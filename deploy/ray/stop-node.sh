@@ -2,7 +2,7 @@
 # Stop the Ray node that start-head.sh or start-worker.sh started on this host with the same
 # RAY_PORT_OFFSET, and only that node: its `ray start` process (by the PID it recorded) drains the
 # node and ends every process of it (raylet, agents, shard workers; on the head also GCS and
-# dashboard). Unlike `ray stop`, which stops every Ray process of the host, whoever started it.
+# dashboard). Unlike Ray's own stop command, which stops every Ray process of the host, whoever started it.
 #
 #   deploy/ray/stop-node.sh                         # the node of offset 0
 #   RAY_PORT_OFFSET=100 deploy/ray/stop-node.sh     # the node of offset 100
