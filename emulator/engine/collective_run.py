@@ -17,7 +17,7 @@ from emulator.engine.netkernels import COMPLETE, MISMATCH
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import CollectiveMismatchError
-from netmodel.collectives.analytic import ANALYTIC, closed_form
+from netmodel.collectives.analytic import closed_form
 
 
 class CollRun:
@@ -51,7 +51,7 @@ class CollectiveExecution:
     """Collective execution for :class:`~emulator.engine.shard.Shard` (uses its links, heap and stats)."""
 
     def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
-        if self.fast_collectives and (op.b.name, op.a.op) in ANALYTIC and self.groups[op.a.ranks].one_node:
+        if self.in_closed_form(op.a, op.b):
             self._rendezvous(gpu, op, t)
             return
         assert self.fold == 1 or all(is_representative(r, self.fold) for r in op.a.ranks), "folded: no tensor group"

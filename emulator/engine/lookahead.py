@@ -83,7 +83,7 @@ def least_duration(shard, op) -> int:
     key = (id(op.a), op.b.name, op.gpu.rank)
     cached = shard.least_durations.get(key)
     if cached is None or cached[0] is not op.a:
-        closed = shard.closed_form(op.a, op.b, shard.groups[op.a.ranks])
+        closed = shard.closed_form(op.a, op.b)
         if closed is not None:  # the intra-node fast path: exactly its duration after the last arrival
             least = closed[0]
         else:

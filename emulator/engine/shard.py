@@ -181,10 +181,17 @@ class Shard(CollectiveExecution):
             tier_algos = topo.cluster.tiers[group.tier - 1].algorithms
         return tier_algos.get(op) or DEFAULTS[op]
 
-    def closed_form(self, call, algorithm, group: Group) -> tuple[int, int] | None:
+    def in_closed_form(self, call, algorithm, group: Group | None = None) -> bool:
+        """Whether ``call`` takes the intra-node fast path (``engine.fast_collectives`` on, an
+        analytic algorithm, a group inside one node: looked up last, its ranks may be thousands)."""
+        if not (self.fast_collectives and (algorithm.name, call.op) in ANALYTIC):
+            return False
+        return (group or self.groups[call.ranks]).one_node
+
+    def closed_form(self, call, algorithm, group: Group | None = None) -> tuple[int, int] | None:
         """``(duration_ns, members that arrive)`` when ``call`` runs in closed form (the intra-node
         fast path of emulator/engine/collective_run.py), else None."""
-        if not (self.fast_collectives and (algorithm.name, call.op) in ANALYTIC and group.one_node):
+        if not self.in_closed_form(call, algorithm, group):
             return None
         plan = self._closed_plan(call, algorithm)
         return plan[6], plan[2]
