@@ -1,13 +1,18 @@
 """Merging what the shards measured into the run's results, and the fingerprint.
 
-The fingerprint is a digest of every rank's final virtual time and operation count and of every
-link's bytes and busy time: two runs have the same fingerprint exactly when those are identical.
+The fingerprint is a digest of every result figure the run recorded: per rank its final time,
+operations, compute and communication time, FLOPs, peak memory, iteration marks and waits per stream;
+per link its bytes, busy time, messages and longest queueing; per tier its bytes and messages, the
+message-size histograms (per tier and per operation kind) and the traffic timeline. Two runs have the
+same fingerprint exactly when all of those are identical. How the run was emulated (backend, shards,
+events, rounds, wall time) and which ranks were traced are not results and are left out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import socket
+import struct
 from dataclasses import dataclass, field
 
 
@@ -77,9 +82,12 @@ def export_shard(shard) -> dict:
     return data
 
 
-def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_messages: int) -> RunResult:
+def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_messages: int,
+          partial: bool = False) -> RunResult:  # fmt: skip
+    """One ``RunResult`` from the shards' exports; ``partial``: a stopped run's, where the ranks of
+    a shard that could not answer are missing."""
     ranks = sorted((RankResult(*r) for e in exports for r in e["ranks"]), key=lambda r: r.rank)
-    assert len(ranks) == world_size, (len(ranks), world_size)
+    assert len(ranks) == world_size or (partial and len(ranks) < world_size), (len(ranks), world_size)
     links: dict = {}
     for e in exports:
         links.update({int(k): tuple(v) for k, v in e["links"].items()})
@@ -122,12 +130,48 @@ def _merge_counts(dicts: list[dict], nested: bool = True) -> dict:
     return {k: _merge_counts(v, nested=False) for k, v in sorted(out.items())}
 
 
+def _encode(value, out: list[bytes]) -> None:
+    """Append an unambiguous byte encoding of ``value`` (ints, floats, strings, lists, dicts) to ``out``.
+
+    Every value carries a type tag and containers their length, so that no two different structures
+    encode alike; ints are written in full (repr), floats as their exact IEEE-754 bits, dicts in key
+    order (the shards' merge order must not matter)."""
+    if isinstance(value, bool) or value is None:
+        out.append(b"b" + repr(value).encode())
+    elif isinstance(value, int):
+        out.append(b"i" + repr(value).encode() + b";")
+    elif isinstance(value, float):
+        out.append(b"f" + struct.pack("<d", value))
+    elif isinstance(value, str):
+        raw = value.encode()
+        out.append(b"s" + repr(len(raw)).encode() + b":" + raw)
+    elif isinstance(value, (list, tuple)):
+        out.append(b"l" + repr(len(value)).encode() + b":")
+        for item in value:
+            _encode(item, out)
+    elif isinstance(value, dict):
+        out.append(b"d" + repr(len(value)).encode() + b":")
+        for key in sorted(value, key=lambda k: (type(k).__name__, k)):
+            _encode(key, out)
+            _encode(value[key], out)
+    else:
+        raise TypeError(f"fingerprint: cannot encode {type(value).__name__}")
+
+
 def fingerprint(result: RunResult) -> str:
+    """Digest of every result figure of ``result`` (see the module docstring)."""
     h = hashlib.sha256()
+    parts: list[bytes] = []
     for r in result.ranks:
-        h.update(f"{r.rank}:{r.final_time_ns}:{r.ops};".encode())
-    for link, (nbytes, busy, _, _) in result.links.items():
-        h.update(f"{link}:{nbytes}:{busy};".encode())
+        _encode([r.rank, r.node, r.final_time_ns, r.ops, r.compute_ns, r.comm_ns, r.peak_memory_bytes,
+                 r.marks_ns, r.wait_ns, float(r.flops)], parts)  # fmt: skip
+        if len(parts) > 4096:  # hash as we go: a 3072-rank run need not hold one big buffer
+            h.update(b"".join(parts))
+            parts.clear()
+    _encode(result.links, parts)  # link -> (bytes, busy_ns, messages, max_wait_ns)
+    _encode([result.world_size, result.tier_bytes, result.tier_messages, result.size_hist, result.kind_hist,
+             result.bucket_ns, result.timeline], parts)  # fmt: skip
+    h.update(b"".join(parts))
     return h.hexdigest()[:32]
 
 
