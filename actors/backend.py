@@ -27,6 +27,7 @@ from emulator.summary import RunResult
 
 CHECK_EVERY_S = 1.0  # a round still running after this long has its shards pinged
 PING_TIMEOUT_S = 5.0  # a shard that does not answer a ping this long is lost (host gone or frozen)
+SALVAGE_TIMEOUT_S = 10.0  # how long a stopped run waits for the shards' results so far
 START_TIMEOUT_S = 60.0  # creating the actors (worker processes, maybe on other hosts)
 CONNECT_TIMEOUT_S = 3.0
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # records and results are small; keep a local Ray light
@@ -323,6 +324,20 @@ class RayTransport:
         self.close()  # the actors' loops end, so that they take ordinary calls again
         return [finished[i] for i in range(self.shards)]
 
+    def salvage(self) -> list[dict | None]:
+        self.close()  # a graph that stopped mid-run is unusable; the actors take ordinary calls again
+        ray = self.ray
+        refs = [actor.salvage.remote() for actor in self.pool.actors]
+        # a shard still busy in its last round answers when the round ends; a lost one never does
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_TIMEOUT_S)
+        exports: list[dict | None] = []
+        for ref in refs:
+            try:
+                exports.append(ray.get(ref, timeout=0) if ref in ready else None)
+            except ray.exceptions.RayError:
+                exports.append(None)
+        return exports
+
     def close(self) -> None:
         if self.compiled is not None:
             self.compiled.close()
@@ -344,7 +359,8 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)
         if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
             err = BackendError(f"Ray failed during the run: {_first_line(exc)}")
-            err.round_stats = getattr(exc, "round_stats", None)  # what the run reached (coordinator.drive)
+            for reached in ("round_stats", "partial_result"):  # what the run reached (coordinator.drive)
+                setattr(err, reached, getattr(exc, reached, None))
             raise err from None
         raise  # the run's own errors, and bugs (RayTaskError) with their remote traceback
     pool.release()

@@ -197,6 +197,11 @@ class ShardHost:
         shard, self.shard = self.shard, None  # the actor may serve the driver's next run
         return shard.blocked(), export_shard(shard), stats
 
+    def salvage(self) -> dict | None:
+        """The shard's results so far, after the driver stopped the run (an error elsewhere, Ctrl-C)."""
+        shard, self.shard = self.shard, None
+        return export_shard(shard) if shard is not None else None
+
     @ray.method(concurrency_group="control")
     def ping(self) -> int:
         return os.getpid()

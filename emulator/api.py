@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.errors import ConfigError
-from emulator.results.rundir import RunTables, build_tables, read_run_dir, write_results
+from emulator.results.rundir import RunTables, read_run_dir, write_results
 
 
 def _frame(rows: list[dict], columns: tuple[str, ...] = ()) -> Any:
@@ -158,26 +158,19 @@ def run(path_or_config, overrides: dict | list | None = None, backend: str = "in
     ``trace_ranks``: ``"default"`` (the first node), ``"all"``, ``"none"``, ``"0-7,64"`` or a list.
     Raises the project's errors (ConfigError, DeadlockError, ...) like the command line.
     """
-    from emulator.results.tables import parse_rank_spec
-    from emulator.run import execute
-    from netmodel.topology import Topology
+    from emulator.run import run_job
 
     config = load_config(path_or_config, overrides)
     if wandb:
         from emulator.results.wandb_log import require_wandb
 
-        require_wandb()
-    ranks = parse_rank_spec(trace_ranks, Topology(config.cluster))
-    summary, result, topo = execute(config, backend=backend, shards=shards, address=address, trace_ranks=ranks)
-    if out is not None:
-        run_dir, data = write_results(out, config, summary, result, topo)
-    else:
-        run_dir, data = None, build_tables(config, summary, result, topo)
+        require_wandb()  # before the run, not after it
+    done = run_job(config, out=out, backend=backend, shards=shards, address=address, trace_ranks=trace_ranks)
     if wandb:
         from emulator.results.wandb_log import log_run
 
-        log_run(data, str(run_dir) if run_dir else None)
-    return RunResults(data, config, result, topo, run_dir)
+        log_run(done.tables, str(done.run_dir) if done.run_dir else None)
+    return RunResults(done.tables, config, done.result, done.topo, done.run_dir)
 
 
 def load(run_dir: str | Path) -> RunResults:

@@ -100,34 +100,34 @@ def _start_monitor(args, config, out_dir: Path):
 
 
 def cmd_run(args) -> int:
-    from emulator.results.rundir import write_results
-    from emulator.results.tables import parse_rank_spec
-    from emulator.run import default_out_dir, execute, write_config, write_failed_run
-    from netmodel.topology import Topology
+    from emulator.run import check_backend, default_out_dir, run_job
 
     config = _load(args)
-    trace_ranks = parse_rank_spec(args.trace_ranks, Topology(config.cluster))
+    check_backend(args.backend, args.shards)
     if args.wandb:
         from emulator.results.wandb_log import require_wandb
 
         require_wandb()  # fail before the run, not after it
     out = args.out or default_out_dir(config.name)
-    write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
     monitor = _start_monitor(args, config, out)
     try:
-        summary, result, topo = execute(config, backend=args.backend, shards=args.shards, address=args.address,
-                                        observer=monitor if monitor.active else None,
-                                        trace_ranks=trace_ranks)  # fmt: skip
-    except BaseException as exc:
-        monitor.close()
-        write_failed_run(out, config, exc)  # summary.json: status, the error, what the run reached
+        done = run_job(config, out=out, backend=args.backend, shards=args.shards, address=args.address,
+                       trace_ranks=args.trace_ranks, monitor=monitor)  # fmt: skip
+    except EmulatorError as exc:
+        # the run's own end (deadlock, OOM, a lost shard): say why now, then keep the endpoint up
+        # so that Prometheus scrapes the final figures and the status, as after a completed run
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        monitor.linger(args.metrics_grace_s, quiet=args.quiet)
+        exc.reported = True
         raise
-    monitor.finish(summary, result)
-    out, tables = write_results(out, config, summary, result, topo)
+    except BaseException:
+        monitor.close()  # Ctrl-C, or a bug with its traceback: no waiting
+        raise
+    summary = done.summary
     if args.wandb:
         from emulator.results.wandb_log import log_run
 
-        url = log_run(tables, str(out))
+        url = log_run(done.tables, str(done.run_dir))
         print(f"wandb: {url or 'logged (offline)'}")
     it = summary.get("iteration_time_s")
     line = (
@@ -135,7 +135,7 @@ def cmd_run(args) -> int:
         f"{summary['wall_time_s']:.2f} s wall ({summary['events']} events)"
         + (f", iteration {it:.4f} s" if it else "")
         + (f", MFU {summary['mfu']:.3f}" if summary.get("mfu") is not None else "")
-        + f" -> {out}/summary.json"
+        + f" -> {done.run_dir}/summary.json"
     )
     print(line, flush=True)
     monitor.linger(args.metrics_grace_s, quiet=args.quiet)  # then stops the metrics endpoint
@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except EmulatorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if not getattr(exc, "reported", False):
+            print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -1,21 +1,24 @@
-"""Run orchestration: pick a backend, run, write the run directory.
+"""The run sequence, written once: ``emulator run`` and the notebook API's ``emulator.run`` both
+call :func:`run_job`.
 
-emulator run configs/examples/ring.yaml --out runs/ring
+    emulator run configs/examples/ping-pong.yaml --out runs/pp
+
+Order: check the backend choice, build the topology (once per run), parse the traced ranks,
+write ``config.yaml`` (so that a run that fails keeps it), run, then write ``summary.json`` and
+every table, for a completed run or for what a stopped one reached (``status`` failed or
+interrupted), and hand the final figures to the monitor, if any.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 import types
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
-from emulator.config.typed import to_dict
 from emulator.errors import ConfigError, EmulatorError
 from emulator.summary import RunResult, summarize
 from netmodel.topology import Topology
@@ -28,21 +31,72 @@ def default_out_dir(name: str) -> Path:
     return Path("runs") / f"{stamp}-{name}"
 
 
-def execute(config, backend: str = "inline", shards: int = 1, address: str | None = None,
-            observer=None, trace_ranks=()) -> tuple[dict, RunResult, Topology]:  # fmt: skip
+@dataclass
+class FinishedRun:
+    """What :func:`run_job` returns: the summary, the raw results, the tables and the directory."""
+
+    summary: dict
+    result: RunResult
+    topo: Topology
+    tables: object  # emulator.results.rundir.RunTables
+    run_dir: Path | None
+
+
+def check_backend(backend: str, shards: int) -> None:
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if shards < 1:
+        raise ConfigError(f"--shards must be >= 1, got {shards}")
+
+
+def run_job(config, out: str | Path | None = None, backend: str = "inline", shards: int = 1,
+            address: str | None = None, trace_ranks="default", monitor=None) -> FinishedRun:  # fmt: skip
+    """Run a validated config; write the run directory when ``out`` is given.
+
+    ``monitor`` (an :class:`emulator.monitoring.Monitor` or None) observes the run and gets the
+    final figures, of a completed run or of a stopped one, through ``monitor.finish``; keeping its
+    endpoint up afterwards (``linger``) is the caller's choice. A run that raises writes what it
+    reached to ``out`` before the error goes on.
+    """
+    from emulator.results.rundir import build_tables, write_config, write_results
+    from emulator.results.tables import parse_rank_spec
+
+    check_backend(backend, shards)
+    topo = Topology(config.cluster)
+    ranks = parse_rank_spec(trace_ranks, topo)
+    if out is not None:
+        out = Path(out)
+        write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
+    observer = monitor if monitor is not None and monitor.active else None
+    try:
+        summary, result, topo = execute(config, backend, shards, address, observer, ranks, topo)
+    except BaseException as exc:
+        if out is not None:
+            write_failed_run(out, config, exc, topo)  # summary.json: status, the error, what was reached
+        if monitor is not None:
+            monitor.finish(getattr(exc, "run_summary", None), getattr(exc, "partial_result", None))
+        raise
+    if monitor is not None:
+        monitor.finish(summary, result)
+    if out is not None:
+        out, tables = write_results(out, config, summary, result, topo)
+    else:
+        tables = build_tables(config, summary, result, topo)
+    return FinishedRun(summary, result, topo, tables, out)
+
+
+def execute(config, backend: str = "inline", shards: int = 1, address: str | None = None, observer=None,
+            trace_ranks=(), topo: Topology | None = None) -> tuple[dict, RunResult, Topology]:  # fmt: skip
     """Run a validated config; returns the summary, the raw results and the topology.
 
     Whatever escapes (a user error, a lost shard, Ctrl-C, a bug) carries ``exc.run_summary``: what the
     run reached (:func:`failure_summary`), for the caller to write (:func:`write_failed_run`).
     """
     start = time.perf_counter()
-    topo = None
     try:
-        if backend not in BACKENDS:
-            raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-        if shards < 1:
-            raise ConfigError(f"--shards must be >= 1, got {shards}")
-        topo = Topology(config.cluster)
+        check_backend(backend, shards)
+        if topo is None:
+            topo = Topology(config.cluster)
         start = time.perf_counter()  # the run's wall time: from here
         if backend == "inline":
             from emulator.backends.inline import run_inline
@@ -65,7 +119,7 @@ def execute(config, backend: str = "inline", shards: int = 1, address: str | Non
     return summary, result, topo
 
 
-def _error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """The one line the command line prints for ``exc`` (a bug: its type and first line)."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
@@ -81,16 +135,18 @@ def failure_summary(config, exc: BaseException, backend: str, shards: int, wall_
     """``summary.json`` of a run that did not complete: ``status`` (failed, or interrupted for
     Ctrl-C), ``error`` (the line the command line prints), the virtual time reached, rounds and
     cross-shard messages (what ``coordinator.drive`` attached to ``exc``), and ``lost_shard`` /
-    ``lost_shard_host`` when a shard or its host was lost. A run whose shards all reached their
-    end with ranks stuck (deadlock, mismatch) also has every figure of a completed run so far.
+    ``lost_shard_host`` when a shard or its host was lost. Where the shards could still report
+    what they measured (``exc.partial_result``), it has every figure of a completed run so far,
+    and ``ranks_missing`` counts the ranks of shards that could not.
     """
     stats = getattr(exc, "round_stats", None)
     partial = getattr(exc, "partial_result", None)
     summary = {"status": "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-               "error": _error_line(exc)}  # fmt: skip
+               "error": error_line(exc)}  # fmt: skip
     if partial is not None and topo is not None:
         summary.update(summarize(partial, topo, wall_time_s, backend, shards))
         reached_ns = max((r.final_time_ns for r in partial.ranks), default=0)
+        summary["ranks_missing"] = config.cluster.world_size - len(partial.ranks)
     else:
         reached_ns = stats.virtual_time_ns if stats is not None and math.isfinite(stats.virtual_time_ns) else 0
     summary.update({
@@ -109,33 +165,18 @@ def failure_summary(config, exc: BaseException, backend: str, shards: int, wall_
     return summary
 
 
-def write_config(out_dir: Path, config) -> Path:
-    """Write the resolved config (before the run starts, so that it survives a failed run)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    return path
-
-
-def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
-    """Write the resolved config and ``summary.json``; returns the directory."""
-    write_config(out_dir, config)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return out_dir
-
-
-def write_failed_run(out_dir: Path, config, exc: BaseException) -> Path | None:
+def write_failed_run(out_dir: Path, config, exc: BaseException, topo: Topology | None = None) -> Path | None:
     """Write what a run that raised ``exc`` reached (``exc.run_summary`` from :func:`execute`) to
-    ``summary.json``, with every table too when the run has results so far (deadlock, mismatch);
-    returns the summary's path, or None when ``exc`` did not come out of a run."""
+    ``summary.json``, with every table too when the shards reported their results so far; returns
+    the summary's path, or None when ``exc`` did not come out of a run."""
+    from emulator.results.rundir import write_results, write_run_dir
+
     summary = getattr(exc, "run_summary", None)
     if summary is None:
         return None
     partial = getattr(exc, "partial_result", None)
     if partial is not None:
-        from emulator.results.rundir import write_results
-
-        write_results(out_dir, config, summary, partial, Topology(config.cluster))
+        write_results(out_dir, config, summary, partial, topo if topo is not None else Topology(config.cluster))
     else:
         write_run_dir(out_dir, config, summary)
     return out_dir / "summary.json"

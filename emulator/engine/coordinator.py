@@ -67,6 +67,10 @@ class Transport(Protocol):
     def finish(self) -> list[tuple[list, dict, dict]]:
         """Every shard's ``(blocked ranks, exported results, last live stats)``, in shard order."""
 
+    def salvage(self) -> list[dict | None]:
+        """After a failure or Ctrl-C: each shard's results so far, None for a shard that cannot
+        answer (lost with its host); in shard order. Called at most once, never after ``finish``."""
+
 
 @dataclass
 class RoundStats:
@@ -108,14 +112,17 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
     Raises the run's own errors (deadlock, mismatch, OOM, program errors) as the shards meet them.
     Whatever escapes (those, a lost shard, Ctrl-C) carries what the run reached, for a failed run's
     summary: ``exc.round_stats`` (the :class:`RoundStats` so far; its ``virtual_time_ns`` is the
-    earliest pending event of the last round, a time every shard had reached) and, when every shard
-    ran to its end but ranks were left stuck (deadlock, mismatch), ``exc.partial_result``: the merged
-    ``RunResult`` of everything that ran (else None).
+    earliest pending event of the last round, a time every shard had reached) and
+    ``exc.partial_result``: the merged ``RunResult`` of everything that ran - every shard's when
+    they all ran to their end with ranks left stuck (deadlock, mismatch), else what the shards that
+    still answer measured up to where they stopped (:meth:`Transport.salvage`; ranks of a lost shard
+    are missing); None when no shard answers.
     """
     from emulator.summary import merge
 
     stats = RoundStats()
     result = None
+    finished = None
     try:
         finished = run_rounds(transport, lookahead_ns, stats, observer, observe_every_s, window_ns)
         result = merge(transport.world_size, [export for _, export, _ in finished], stats.rounds,
@@ -123,8 +130,29 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
         result.extra["round_overhead_s"] = stats.overhead_s
         raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
     except BaseException as exc:
+        if result is None and finished is None:
+            result = salvage(transport, stats)
         exc.round_stats, exc.partial_result = stats, result
         raise
+    return result
+
+
+def salvage(transport: Transport, stats: RoundStats):
+    """The merged results so far of the shards that still answer, or None.
+
+    Best effort by design: it runs while an error or Ctrl-C is on its way out, and that error is
+    what the user must see, so a failure here only means there is no partial result.
+    """
+    from emulator.summary import merge
+
+    try:
+        exports = [e for e in transport.salvage() if e is not None]
+        if not exports:
+            return None
+        result = merge(transport.world_size, exports, stats.rounds, stats.cross_shard_messages, partial=True)
+    except Exception:  # the shard's state after the failure may not export; the error still goes out
+        return None
+    result.extra["round_overhead_s"] = stats.overhead_s
     return result
 
 

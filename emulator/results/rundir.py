@@ -20,7 +20,6 @@ import yaml
 from emulator.errors import ConfigError
 from emulator.results import tables
 from emulator.results.trace import trace_document
-from emulator.run import write_run_dir
 from emulator.summary import RunResult
 
 CSV_TABLES = {
@@ -41,6 +40,23 @@ class RunTables:
     ranks: list[dict] = field(default_factory=list)
     histograms: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+
+
+def write_config(out_dir: Path, config) -> Path:
+    """Write the resolved config (before the run starts, so that it survives a failed run)."""
+    from emulator.config.typed import to_dict
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    return path
+
+
+def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
+    """Write the resolved config and ``summary.json``; returns the directory."""
+    write_config(out_dir, config)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return out_dir
 
 
 def build_tables(config, summary: dict, result: RunResult, topo) -> RunTables:

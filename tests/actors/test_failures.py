@@ -4,6 +4,7 @@ directory keeps a summary.json of what the run reached (status, virtual time, ro
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -120,3 +121,7 @@ def test_lost_shard_is_one_line_and_keeps_a_partial_summary(tmp_path):
     assert summary["rounds"] >= 10 and summary["cross_shard_messages"] >= 20  # rank 0: 10 round trips
     assert 0.005 < summary["virtual_time_reached_s"] < 10.0  # past half of the ten (1 ms each at least)
     assert (out / "config.yaml").is_file()
+    # the shard that survived reported its results so far: its 16 ranks' rows, the lost shard's missing
+    assert summary["ranks_missing"] == 16
+    with (out / "ranks.csv").open() as f:
+        assert sorted(int(row["rank"]) for row in csv.DictReader(f)) == list(range(16, 32))

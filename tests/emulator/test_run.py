@@ -1,0 +1,106 @@
+"""The run sequence (emulator/run.py): one path for ``emulator run`` and ``emulator.run``, and what a
+run that stops early (Ctrl-C, a program error, OOM) leaves in its run directory."""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from emulator.cli import main
+from emulator.config.loader import load_run
+from emulator.errors import ProgramError
+from emulator.run import run_job
+
+PROGRAM = textwrap.dedent('''
+    def stops(gpu):
+        """Compute and a gradient all-reduce per iteration; rank 3 stops after two with ``STOP``."""
+        for i in range(6):
+            gpu.compute("work", flops=1e12)
+            gpu.all_reduce(8 << 20)
+            gpu.mark_iteration()
+            gpu.synchronize()  # the program waits for its GPU here: the stop comes mid-run
+            if i == 1 and gpu.rank == 3:
+                raise STOP
+''')
+
+
+def _run_file(tmp_path: Path, stop: str) -> Path:
+    (tmp_path / "stops.py").write_text(f"STOP = {stop}\n" + PROGRAM)
+    run = tmp_path / "stops.yaml"
+    run.write_text("name: stops\ncluster: {from: dgx-a100-hdr, nodes: 2}\nprogram: stops.py:stops\n")
+    return run
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_ctrl_c_keeps_what_the_run_reached(tmp_path, capsys, shards):
+    """Ctrl-C mid-run (here raised by a rank's program): exit 130, ``status: interrupted`` and every
+    table so far - each rank's figures up to where it stopped, the links' traffic."""
+    out = tmp_path / "run"
+    rc = main(["run", str(_run_file(tmp_path, "KeyboardInterrupt")), "--out", str(out), "--quiet",
+               "--shards", str(shards)])  # fmt: skip
+    assert rc == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"] == "interrupted"
+    assert summary["ranks_missing"] == 0 and summary["world_size"] == 16
+    assert 0 < summary["virtual_time_reached_s"] < 1
+    ranks = _rows(out / "ranks.csv")
+    assert len(ranks) == 16
+    assert all(int(r["iterations"]) >= 1 for r in ranks)  # everyone got through the first iteration
+    assert sum(int(r["bytes"]) for r in _rows(out / "links.csv")) > 0
+
+
+def test_program_error_keeps_the_tables(tmp_path, capsys):
+    """A program that raises is a one-line error (exit 2) with ``status: failed`` and the tables."""
+    out = tmp_path / "run"
+    assert main(["run", str(_run_file(tmp_path, "ValueError('bad batch')")), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: rank 3: program raised ValueError: bad batch")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == err[0][len("error: "):]
+    assert len(_rows(out / "ranks.csv")) == 16 and (out / "trace.json").is_file()
+
+
+class FakeMonitor:
+    """What the run sequence hands a monitor: observing, then the final figures once."""
+
+    active = True
+
+    def __init__(self):
+        self.updates, self.finished = 0, []
+
+    def update(self, rounds, virtual_time_ns, shard_stats):
+        self.updates += 1
+
+    def finish(self, summary, result=None):
+        self.finished.append((summary, result))
+
+
+def test_monitor_gets_the_end_of_a_failed_run(tmp_path):
+    """The monitor hears why a run ended (status and error) with the partial results."""
+    config = load_run(_run_file(tmp_path, "ValueError('bad batch')"))
+    monitor = FakeMonitor()
+    with pytest.raises(ProgramError):
+        run_job(config, monitor=monitor)
+    (summary, result), = monitor.finished
+    assert summary["status"] == "failed" and "bad batch" in summary["error"]
+    assert result is not None and len(result.ranks) == 16
+
+
+def test_monitor_gets_a_completed_run(tmp_path):
+    run = tmp_path / "pp.yaml"
+    run.write_text("cluster: {from: dgx-a100-hdr, nodes: 2}\nprogram: "
+                   f"{Path(__file__).parents[2] / 'configs/examples/programs.py'}:ping_pong\n")  # fmt: skip
+    monitor = FakeMonitor()
+    done = run_job(load_run(run), monitor=monitor)
+    (summary, result), = monitor.finished
+    assert summary is done.summary and result is done.result and summary["status"] == "completed"
