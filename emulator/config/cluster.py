@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.config.typed import require
+from emulator.config import limits as lim
+from emulator.config.typed import require, require_range, shown
 
 
 @dataclass
@@ -26,9 +27,9 @@ class ScaleUpConfig:
     algorithms: dict[str, str] = field(default_factory=dict)  # op -> default algorithm on this tier
 
     def validate(self, path: str) -> None:
-        require(self.bandwidth_GBps > 0, f"{path}.bandwidth_GBps must be > 0, got {self.bandwidth_GBps}")
-        require(self.latency_us >= 0, f"{path}.latency_us must be >= 0, got {self.latency_us}")
-        require(0 < self.efficiency <= 1, f"{path}.efficiency must be in (0, 1], got {self.efficiency}")
+        require_range(self, path, "bandwidth_GBps", lim.MIN_BANDWIDTH_GBPS, lim.MAX_BANDWIDTH_GBPS)
+        require_range(self, path, "latency_us", 0, lim.MAX_LATENCY_US)
+        require_range(self, path, "efficiency", lim.MIN_EFFICIENCY, 1)
 
 
 @dataclass
@@ -40,9 +41,9 @@ class NicConfig:
     efficiency: float = 1.0
 
     def validate(self, path: str) -> None:
-        require(self.count >= 1, f"{path}.count must be >= 1, got {self.count}")
-        require(self.bandwidth_Gbps > 0, f"{path}.bandwidth_Gbps must be > 0, got {self.bandwidth_Gbps}")
-        require(0 < self.efficiency <= 1, f"{path}.efficiency must be in (0, 1], got {self.efficiency}")
+        require_range(self, path, "count", 1, lim.MAX_NICS_PER_NODE)
+        require_range(self, path, "bandwidth_Gbps", lim.MIN_BANDWIDTH_GBITPS, lim.MAX_BANDWIDTH_GBITPS)
+        require_range(self, path, "efficiency", lim.MIN_EFFICIENCY, 1)
 
 
 @dataclass
@@ -62,8 +63,9 @@ class SwitchTierConfig:
 
     def validate(self, path: str) -> None:
         require(self.span_nodes >= 0, f"{path}.span_nodes must be >= 0 (0 = all nodes), got {self.span_nodes}")
-        require(self.latency_us > 0, f"{path}.latency_us must be > 0, got {self.latency_us}")
-        require(self.oversubscription >= 1, f"{path}.oversubscription must be >= 1, got {self.oversubscription}")
+        require_range(self, path, "span_nodes", 0, lim.MAX_NODES)
+        require_range(self, path, "latency_us", 0, lim.MAX_LATENCY_US, low_open=True)
+        require_range(self, path, "oversubscription", 1, lim.MAX_TOTAL_OVERSUBSCRIPTION)
 
 
 @dataclass
@@ -78,8 +80,8 @@ class NodeGroupConfig:
     nic: NicConfig = field(default_factory=NicConfig)
 
     def validate(self, path: str) -> None:
-        require(self.nodes >= 1, f"{path}.nodes must be >= 1, got {self.nodes}")
-        require(self.gpus_per_node >= 1, f"{path}.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        require_range(self, path, "nodes", 1, lim.MAX_NODES)
+        require_range(self, path, "gpus_per_node", 1, lim.MAX_GPUS_PER_NODE)
 
 
 @dataclass
@@ -101,14 +103,12 @@ class ClusterConfig:
             require(not flat, f"{path}: give either node_groups or {', '.join(flat)}, not both")
             require(len(self.node_groups) >= 1, f"{path}.node_groups must not be empty")
             names = [g.name for g in self.node_groups]
-            require(len(set(names)) == len(names), f"{path}.node_groups: names must be unique, got {names}")
+            require(len(set(names)) == len(names), f"{path}.node_groups: names must be unique, got {shown(names)}")
         else:
             require(self.nodes is not None, f"missing key '{path}.nodes' (or give '{path}.node_groups')")
-            require(self.nodes >= 1, f"{path}.nodes must be >= 1, got {self.nodes}")
-            require(
-                self.gpus_per_node is None or self.gpus_per_node >= 1,
-                f"{path}.gpus_per_node must be >= 1, got {self.gpus_per_node}",
-            )
+            require_range(self, path, "nodes", 1, lim.MAX_NODES)
+            require_range(self, path, "gpus_per_node", 1, lim.MAX_GPUS_PER_NODE)
+        self._validate_size(path)
         spans = self.tier_spans()
         for i in range(1, len(spans)):
             require(
@@ -123,6 +123,27 @@ class ClusterConfig:
                 f"{path}.tiers: the top tier spans {spans[-1]} nodes but the cluster has {self.total_nodes}; "
                 f"set span_nodes: 0 on the top tier",
             )
+
+    def _validate_size(self, path: str) -> None:
+        """The whole cluster within the emulator's limits (emulator/config/limits.py): world size,
+        nodes, tiers, and the slowest uplink share (NIC bandwidth over all tiers' oversubscription)."""
+        require(
+            self.total_nodes <= lim.MAX_NODES,
+            f"{path}: {self.total_nodes} nodes; the emulator's limit is {lim.MAX_NODES}",
+        )
+        require(
+            self.world_size <= lim.MAX_WORLD_SIZE,
+            f"{path}: world size {self.world_size} GPUs; the emulator's limit is {lim.MAX_WORLD_SIZE}",
+        )
+        require(len(self.tiers) <= lim.MAX_TIERS, f"{path}.tiers: {len(self.tiers)} tiers; at most {lim.MAX_TIERS}")
+        total = 1.0
+        for tier in self.tiers:
+            total *= tier.oversubscription
+        require(
+            total <= lim.MAX_TOTAL_OVERSUBSCRIPTION,
+            f"{path}.tiers: total oversubscription {total:g} (the product over tiers) must be <= "
+            f"{lim.MAX_TOTAL_OVERSUBSCRIPTION:g}",
+        )
 
     def groups(self) -> list[NodeGroupConfig]:
         """The node groups, the homogeneous form turned into a single group."""

@@ -8,29 +8,129 @@ path (``../clusters/dgx-a100-hdr.yaml``, relative to the file that names it) or 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from emulator.config.schema import RunConfig
-from emulator.config.typed import from_dict
+from emulator.config.schema import ClusterConfig, ModelConfig, ParallelConfig, RunConfig, TrainingConfig
+from emulator.config.typed import from_dict, shown_key
 from emulator.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 PRESET_DIRS = {"cluster": "clusters", "model": "models", "parallel": "parallel", "training": "training"}
+# the keys each kind of referenced file may hold: a file with none of them is another kind of file
+KIND_KEYS = {
+    kind: {f.name for f in dataclasses.fields(cls)}
+    for kind, cls in (
+        ("cluster", ClusterConfig),
+        ("model", ModelConfig),
+        ("parallel", ParallelConfig),
+        ("training", TrainingConfig),
+    )
+}
+
+
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: the largest shipped run or cluster file is ~2 kB
+# Nodes of a document with every alias expanded: what anything walking the data (deepcopy, the
+# typed conversion, config.yaml, JSON) will visit. A "billion laughs" document is a few hundred
+# bytes with few aliases but ~10^9 nodes once expanded; a real config file has a few hundred.
+MAX_EXPANDED_NODES = 100_000
+MAX_DEPTH = 64  # nesting of mappings and lists; the deepest real config has 4
 
 
 def read_yaml(path: Path) -> Any:
-    """Parse one YAML file; a missing or malformed file is a ConfigError naming it."""
+    """Parse one YAML file; a missing, oversized or malformed file is a ConfigError naming it.
+
+    Bounded: at most :data:`MAX_CONFIG_BYTES` of text, :data:`MAX_DEPTH` levels of nesting and
+    :data:`MAX_EXPANDED_NODES` nodes with aliases expanded, so that no file hangs or exhausts memory.
+    """
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a config file")
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
+    return parse_yaml(text, str(path))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Safe-load ``text`` (a file's), refusing alias bombs and deep nesting; errors name ``source``
+    and never quote the text beyond a short cut of the parser's message."""
+    try:
+        return _load_bounded(text, source)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}: invalid YAML{where}: {shown_key(exc.problem or exc.context)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{source}: invalid YAML: {shown_key(str(exc).splitlines()[0])}") from None
+
+
+# the C parser when PyYAML was built with libyaml: the same documents, ~10x faster on large files
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_bounded(text: str, source: str) -> Any:
+    """``yaml.safe_load`` with the size and depth checks of :func:`_check_size` between composing the
+    document (aliases are shared nodes then) and constructing it; YAML errors propagate."""
+    loader = _SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, source)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply (more than {MAX_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+
+
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Count the nodes of the composed document with aliases expanded (each distinct node once,
+    memoised, so this is linear in the text) and its depth; refuse recursive aliases."""
+    expanded: dict[int, int] = {}
+    depth_of: dict[int, int] = {}
+    # iterative post-order walk: a node's size is 1 + its children's expanded sizes
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            kids = _children(node)
+            expanded[key] = 1 + sum(expanded[id(k)] for k in kids)
+            depth_of[key] = 1 + max((depth_of[id(k)] for k in kids), default=0)
+            if expanded[key] > MAX_EXPANDED_NODES:
+                raise ConfigError(
+                    f"{source}: more than {MAX_EXPANDED_NODES} values once aliases are expanded (an alias bomb?)"
+                )
+            if depth_of[key] > MAX_DEPTH:
+                raise ConfigError(f"{source}: nested too deeply (more than {MAX_DEPTH} levels)")
+            continue
+        if key in expanded:
+            continue
+        if key in open_nodes:
+            raise ConfigError(f"{source}: an alias refers to a value that contains it (recursive alias)")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in expanded)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
 
 
 def preset_names(kind: str) -> list[str]:
@@ -40,21 +140,36 @@ def preset_names(kind: str) -> list[str]:
 
 
 def resolve_reference(kind: str, ref: str, base_dir: Path) -> tuple[dict, Path]:
-    """Load the mapping a string reference names: a path, else a shipped preset name."""
+    """Load the mapping a string reference names: a path, else a shipped preset name.
+
+    A file that is not a mapping of ``kind``'s keys is refused without quoting what it holds: the
+    reference may name any file (``cluster: /etc/shadow``), and errors must not print its content.
+    """
     candidates = [base_dir / ref, Path.cwd() / ref, CONFIG_ROOT / ref]
     if kind in PRESET_DIRS:
         candidates.append(CONFIG_ROOT / PRESET_DIRS[kind] / f"{ref}.yaml")
     for candidate in candidates:
         if candidate.is_file():
-            data = read_yaml(candidate)
+            not_kind = f"{kind}: {candidate.resolve()} is not a {kind} file"
+            try:
+                data = read_yaml(candidate)
+            except ConfigError as exc:
+                if "invalid YAML" not in str(exc):  # unreadable, too large: says nothing of the content
+                    raise
+                raise ConfigError(f"{not_kind} (not valid YAML)") from None
             if not isinstance(data, dict):
-                raise ConfigError(f"{kind}: {candidate} does not hold a mapping")
+                raise ConfigError(f"{not_kind} (expected a YAML mapping)")
             # a preset file may wrap its content in its kind's key (cluster: {...})
             if set(data) == {kind}:
                 data = data[kind]
+                if not isinstance(data, dict):
+                    raise ConfigError(f"{not_kind} (expected a YAML mapping under '{kind}')")
+            valid = KIND_KEYS.get(kind)
+            if data and valid is not None and not any(key in valid for key in data):
+                raise ConfigError(f"{not_kind} (none of its keys is a {kind} key)")
             return data, candidate.parent
     known = ", ".join(preset_names(kind)) if kind in PRESET_DIRS else ""
-    raise ConfigError(f"{kind}: no file or preset named {ref!r}" + (f"; presets: {known}" if known else ""))
+    raise ConfigError(f"{kind}: no file or preset named {shown_key(ref)}" + (f"; presets: {known}" if known else ""))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -66,7 +181,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not keys:
         raise ConfigError(f"--set {text!r}: empty key path")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_bounded(raw, f"--set {shown_key(key.strip())}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return keys, value
@@ -111,8 +226,11 @@ def load_run_dict(path: str | Path, overrides: list[str] = ()) -> tuple[dict, Pa
     """The run file as plain data with references resolved and overrides applied."""
     run_path = Path(path)
     data = read_yaml(run_path)
+    if data is None:
+        raise ConfigError(f"{run_path} is empty")
     if not isinstance(data, dict):
-        raise ConfigError(f"{run_path}: a run file must be a mapping")
+        kind = type(data).__name__
+        raise ConfigError(f"{run_path}: a run file must be a YAML mapping (key: value lines), got a {kind}")
     data = copy.deepcopy(data)
     base = run_path.resolve().parent
     for kind in ("cluster", "model", "parallel", "training"):

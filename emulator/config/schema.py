@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from emulator.config import limits as lim
 from emulator.config.cluster import ClusterConfig
-from emulator.config.typed import require
+from emulator.config.typed import require, require_range
 
 
 @dataclass
@@ -30,8 +31,12 @@ class ModelConfig:
     tie_embeddings: bool = True  # input and output embeddings shared (all-reduced between first and last stage)
 
     def validate(self, path: str) -> None:
-        for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
-            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        require_range(self, path, "num_layers", 1, lim.MAX_NUM_LAYERS)
+        require_range(self, path, "hidden_size", 1, lim.MAX_HIDDEN_SIZE)
+        require_range(self, path, "num_attention_heads", 1, lim.MAX_ATTENTION_HEADS)
+        require_range(self, path, "vocab_size", 1, lim.MAX_VOCAB_SIZE)
+        require_range(self, path, "ffn_hidden_size", 1, lim.MAX_FFN_HIDDEN_SIZE)
+        require_range(self, path, "num_query_groups", 1, lim.MAX_ATTENTION_HEADS)
         require(
             self.hidden_size % self.num_attention_heads == 0,
             f"{path}: hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -67,17 +72,20 @@ class ParallelConfig:
     bucket_size_mb: float = 40.0  # gradient bucket for data-parallel reduction (Megatron default 40M elems ~)
 
     def validate(self, path: str) -> None:
-        for key in ("tensor", "pipeline", "virtual_stages"):
-            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
-        require(self.data is None or self.data >= 1, f"{path}.data must be >= 1, got {self.data}")
+        for key in ("tensor", "pipeline", "data"):
+            require_range(self, path, key, 1, lim.MAX_WORLD_SIZE)
+        require_range(self, path, "virtual_stages", 1, lim.MAX_VIRTUAL_STAGES)
         require(self.zero_stage in (0, 1, 2, 3), f"{path}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        require(self.bucket_size_mb > 0, f"{path}.bucket_size_mb must be > 0, got {self.bucket_size_mb}")
+        require_range(self, path, "bucket_size_mb", 0, lim.MAX_BUCKET_SIZE_MB, low_open=True)
         if self.pipeline_layers is not None:
             require(
                 len(self.pipeline_layers) == self.pipeline,
                 f"{path}.pipeline_layers has {len(self.pipeline_layers)} entries but pipeline = {self.pipeline}",
             )
-            require(all(n >= 1 for n in self.pipeline_layers), f"{path}.pipeline_layers entries must be >= 1")
+            require(
+                all(1 <= n <= lim.MAX_NUM_LAYERS for n in self.pipeline_layers),
+                f"{path}.pipeline_layers entries must be in [1, {lim.MAX_NUM_LAYERS}]",
+            )
 
 
 @dataclass
@@ -92,8 +100,10 @@ class TrainingConfig:
     iterations: int = 1
 
     def validate(self, path: str) -> None:
-        for key in ("micro_batch_size", "seq_length", "iterations"):
-            require(getattr(self, key) >= 1, f"{path}.{key} must be >= 1, got {getattr(self, key)}")
+        require_range(self, path, "micro_batch_size", 1, lim.MAX_MICRO_BATCH_SIZE)
+        require_range(self, path, "global_batch_size", 1, lim.MAX_GLOBAL_BATCH_SIZE)
+        require_range(self, path, "seq_length", 1, lim.MAX_SEQ_LENGTH)
+        require_range(self, path, "iterations", 1, lim.MAX_ITERATIONS)
 
 
 @dataclass
@@ -118,8 +128,8 @@ class EngineConfig:
     ray_rounds: Literal["calls", "compiled"] = "calls"
 
     def validate(self, path: str) -> None:
-        require(self.max_ops_ahead >= 2, f"{path}.max_ops_ahead must be >= 2, got {self.max_ops_ahead}")
-        require(self.timeline_bucket_us > 0, f"{path}.timeline_bucket_us must be > 0")
+        require_range(self, path, "max_ops_ahead", 2, lim.MAX_OPS_AHEAD)
+        require_range(self, path, "timeline_bucket_us", lim.MIN_TIMELINE_BUCKET_US, lim.MAX_TIMELINE_BUCKET_US)
 
 
 @dataclass
@@ -146,7 +156,13 @@ class RunConfig:
             return
         world = self.cluster.world_size
         p = self.parallel
-        data = p.data if p.data is not None else world // max(1, p.tensor * p.pipeline)
+        if p.data is None:  # derived: say what does not divide rather than show a made-up data(0)
+            require(
+                world % (p.tensor * p.pipeline) == 0,
+                f"parallel: world size {world} is not divisible by tensor({p.tensor}) * pipeline({p.pipeline}) "
+                f"= {p.tensor * p.pipeline}",
+            )
+        data = p.data if p.data is not None else world // (p.tensor * p.pipeline)
         require(
             p.tensor * p.pipeline * data == world,
             f"parallel: tensor({p.tensor}) * pipeline({p.pipeline}) * data({data}) = "
@@ -177,8 +193,13 @@ class RunConfig:
             f"training.global_batch_size ({t.global_batch_size}) must be a multiple of micro_batch_size"
             f"({t.micro_batch_size}) * data({data}) = {t.micro_batch_size * data}",
         )
+        micro = t.global_batch_size // (t.micro_batch_size * data)
+        require(
+            micro <= lim.MAX_MICROBATCHES,
+            f"training: {micro} microbatches per iteration (global_batch_size {t.global_batch_size} / "
+            f"(micro_batch_size {t.micro_batch_size} * data {data})); the emulator's limit is {lim.MAX_MICROBATCHES}",
+        )
         if p.virtual_stages > 1 or p.schedule == "interleaved-1f1b":
-            micro = t.global_batch_size // (t.micro_batch_size * data)
             require(
                 micro % p.pipeline == 0,
                 f"interleaved schedule: microbatches per pipeline ({micro}) must be a multiple of "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
@@ -19,6 +20,33 @@ def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
         return tp.__name__
     return str(tp).replace("typing.", "")
+
+
+MAX_SHOWN_CHARS = 40  # a value or key quoted in an error: enough to recognise, never a file's content
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to :data:`MAX_SHOWN_CHARS`, for error messages (values may be huge, or
+    the first line of a file that is not a config file)."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+def shown_key(key: Any) -> str:
+    """A key as error messages quote it: as text, cut like :func:`shown`."""
+    text = str(key)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+def _number(value: Any) -> Any:
+    """A string that is a Python number literal (``1e30``, which YAML 1.1 reads as a string) as the
+    number; anything else unchanged."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _closest(key: str, valid: list[str]) -> str:
@@ -45,41 +73,49 @@ def convert(tp: Any, value: Any, path: str) -> Any:
                 return convert(arg, value, path)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits none of {_type_name(tp)}")
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {shown(value)} fits none of {_type_name(tp)}")
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
-            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, choices))}")
+            raise ConfigError(f"{path}: {shown(value)} is not one of {', '.join(map(repr, choices))}")
         return value
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {shown(value)}")
         (item,) = get_args(tp) or (Any,)
         return [convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {shown(value)}")
         key_tp, val_tp = get_args(tp) or (Any, Any)
         return {convert(key_tp, k, f"{path}"): convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+            raise ConfigError(f"{path}: expected true or false, got {shown(value)}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        return value
+        number = _number(value)
+        if isinstance(number, bool) or not isinstance(number, int):
+            if isinstance(number, float) and number.is_integer():
+                return int(number)
+            raise ConfigError(f"{path}: expected an integer, got {shown(value)}")
+        return number
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        return float(value)
+        number = _number(value)
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {shown(value)}")
+        try:
+            number = float(number)
+        except OverflowError:  # an int beyond the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{path}: expected a finite number, got {shown(value)}")
+        return number
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
+            raise ConfigError(f"{path}: expected a string, got {shown(value)}")
         return value
     raise AssertionError(f"unsupported config type {tp!r} at {path}")
 
@@ -91,13 +127,13 @@ def from_dict(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__} {shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
     for key in data:
         if key not in fields:
-            raise ConfigError(f"unknown key '{prefix}{key}'{_closest(str(key), list(fields))}")
+            raise ConfigError(f"unknown key '{prefix}{shown_key(key)}'{_closest(str(key), list(fields))}")
     kwargs = {}
     for name, field in fields.items():
         if name in data:
@@ -126,3 +162,24 @@ def require(condition: bool, message: str) -> None:
     """Raise ConfigError(message) unless ``condition``: validation reads as a list of rules."""
     if not condition:
         raise ConfigError(message)
+
+
+def require_range(obj: Any, path: str, key: str, low: float, high: float, low_open: bool = False) -> None:
+    """``low <= obj.key <= high`` (``low < obj.key`` with ``low_open``), else a ConfigError naming
+    ``path.key``, the broken bound and the value; None (a default to derive) passes."""
+    value = getattr(obj, key)
+    if value is None:
+        return
+    if value < low or (low_open and value == low):
+        raise ConfigError(f"{path}.{key} must be {'>' if low_open else '>='} {_bound(low)}, got {_bound(value)}")
+    if value > high:
+        raise ConfigError(f"{path}.{key} must be <= {_bound(high)} (the emulator's limit), got {_bound(value)}")
+
+
+def _bound(value: float) -> str:
+    """A bound or a value in a range error: integers in full (cut if huge), floats in %g."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:g}"
+    if isinstance(value, float) and abs(value) >= 1e15:
+        return f"{value:g}"
+    return shown(int(value))

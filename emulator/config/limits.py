@@ -1,0 +1,45 @@
+"""Upper and lower bounds on every size in a run file, and why each is where it is.
+
+A value outside these bounds is a :class:`~emulator.errors.ConfigError` naming its key path, raised
+while the config is loaded: before anything allocates per rank, builds a schedule, or turns a
+duration into integer nanoseconds. Without them a typo (``nodes: 100000000``) hangs ``check``, runs
+out of host memory, or overflows int64 nanoseconds in the compiled engine, which then answers wrong.
+
+The bounds are generous for real clusters and models (the largest published training runs use
+~100k GPUs, 128k-token sequences, 16k hidden size, 126 layers, a 256k vocabulary) yet keep every
+derived figure small: sizes stay far below 2**63 bytes and a message at the slowest allowed link
+(``MIN_BANDWIDTH_*``, ``MIN_EFFICIENCY``, ``MAX_TOTAL_OVERSUBSCRIPTION``) of the largest size a GPU
+can hold (~2**38 bytes) lasts ~2**51 ns, leaving int64 virtual time room for thousands of them.
+"""
+
+from __future__ import annotations
+
+MAX_WORLD_SIZE = 2**20  # GPUs in the cluster: 1,048,576 (10x the largest clusters built)
+MAX_NODES = 2**20
+MAX_GPUS_PER_NODE = 1024  # NVL576-class racks count as one scale-up node
+MAX_NICS_PER_NODE = 64
+MAX_TIERS = 8  # switch tiers above the scale-up fabric
+MAX_TOTAL_OVERSUBSCRIPTION = 1024.0  # product of the tiers' oversubscription
+
+MIN_BANDWIDTH_GBPS = 0.001  # scale-up, 10^9 bytes/s: 1 MB/s
+MIN_BANDWIDTH_GBITPS = 0.001  # NIC, 10^9 bits/s: 125 kB/s
+MAX_BANDWIDTH_GBPS = 1e6  # 1 PB/s per port: beyond any fabric, keeps bytes/ns finite and sane
+MAX_BANDWIDTH_GBITPS = 8e6
+MIN_EFFICIENCY = 0.01
+MAX_LATENCY_US = 1e6  # one second per message
+
+MAX_SEQ_LENGTH = 2**24
+MAX_HIDDEN_SIZE = 2**20
+MAX_FFN_HIDDEN_SIZE = 2**22
+MAX_NUM_LAYERS = 2**16
+MAX_ATTENTION_HEADS = 2**16
+MAX_VOCAB_SIZE = 2**24
+MAX_MICRO_BATCH_SIZE = 2**16
+MAX_GLOBAL_BATCH_SIZE = 2**30  # sequences per iteration
+MAX_MICROBATCHES = 2**16  # per iteration and pipeline: bounds the schedule a rank builds
+MAX_ITERATIONS = 10**6
+MAX_VIRTUAL_STAGES = 1024
+MAX_BUCKET_SIZE_MB = 2**20  # 1 TiB: larger than any gradient, i.e. "one bucket"
+MAX_OPS_AHEAD = 2**20
+MIN_TIMELINE_BUCKET_US = 1.0  # a finer timeline has an entry per microsecond of every message
+MAX_TIMELINE_BUCKET_US = 1e12
