@@ -58,6 +58,7 @@ class CollectiveExecution:
         if self.compiled:
             status = self.core.start(gpu, op, t)
             if status < 0:  # no channels: nothing to send
+                self.core.note_collective(op, t)
                 self._push(t, EV_OP_DONE, gpu, op)
             elif status == COMPLETE:
                 self._core_completed()
@@ -67,6 +68,7 @@ class CollectiveExecution:
         channels = op.b.channels(op.a, self.topo)
         run = CollRun(op, len(channels))
         if not channels:
+            self.core.note_collective(op, t)
             self._push(t, EV_OP_DONE, gpu, op)
             return
         for it in channels:
@@ -94,10 +96,15 @@ class CollectiveExecution:
             del self.rendezvous[key]
         free = self.link_free
         start = t
+        blocker = -1
         for link in links:
             if free[link] > start:
                 start = free[link]
+                blocker = link
         end = start + duration
+        core = self.core
+        if blocker >= 0:  # every member waited for the port that was free last (live figures only)
+            core.note_queued(blocker, start - t, call.n)
         stats = self.stats
         stats.ports(tx, per, msg_bytes, busy, start - t)
         stats.ports(rx, per, msg_bytes, busy, start - t)
@@ -105,6 +112,7 @@ class CollectiveExecution:
             free[link] = end  # every member's ports are held for the whole collective
         stats.messages(0, msg_bytes, call.op, start, messages, end)
         for member, member_op in arrived:
+            core.note_collective(member_op, end)  # its end is known now (live figures only)
             self._push(end, EV_OP_DONE, member, member_op)
 
     def _closed_plan(self, call, algorithm) -> tuple:
@@ -150,6 +158,7 @@ class CollectiveExecution:
             if t > run.t_end:
                 run.t_end = t
             if run.left == 0:
+                self.core.note_collective(run.op, run.t_end)
                 self._complete(gpu, run.op, run.t_end)
             return
         sends, recvs = step

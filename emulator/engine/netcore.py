@@ -11,6 +11,7 @@ buffer shared with the shard's Python paths.
 from __future__ import annotations
 
 import array
+import threading
 
 import numpy as np
 
@@ -119,7 +120,14 @@ class NetCore:
         # quarter of numpy's element access)
         self.lfree_py = array.array("q", bytes(8 * n_links))
         self.lfree = np.frombuffer(self.lfree_py, dtype=i64)
-        self.lstat = np.zeros((4, n_links), i64)  # bytes, busy ns, messages, max wait ns
+        # bytes, busy ns, messages, max wait ns, queueing ns and queued messages (charged to the
+        # link that held a message back: see netkernels._queued)
+        self.lstat = np.zeros((6, n_links), i64)
+        # live monitoring only (never read by the engine): queueing per link, as lstat rows 4-5 and
+        # the closed-form path add them; virtual ns and calls per collective kind, summed over members
+        self.link_queued_ns = [0] * n_links
+        self.link_queued_messages = [0] * n_links
+        self.collective_ns: dict[str, list[int]] = {}
         self.tstat = np.zeros((tiers, 2 + HIST), i64)  # bytes, messages, size histogram
         self.khist = np.zeros((len(OPS), HIST), i64)
         self.tl = np.zeros((tiers, size["tl"]), i64)
@@ -134,6 +142,7 @@ class NetCore:
         self.ops: dict[int, tuple] = {}  # active run -> (gpu, op)
         self.top = INF  # time of the core's next event
         self._pack()
+        prepare_kernels()
 
     def _pack(self) -> None:
         self.args = tuple(getattr(self, name) for name in _ARRAYS)
@@ -264,7 +273,22 @@ class NetCore:
         """The run that the last call completed: ``(gpu, op, t)``."""
         st = self.st
         gpu, op = self.ops.pop(int(st[RET_RUN]))
-        return gpu, op, int(st[RET_T])
+        t = int(st[RET_T])
+        self.note_collective(op, t)
+        return gpu, op, t
+
+    def note_collective(self, op, t_end: int) -> None:
+        """Live figures: ``op`` (a collective started at ``op.t_start``) of one member ends at ``t_end``."""
+        acc = self.collective_ns.get(op.a.op)
+        if acc is None:
+            acc = self.collective_ns[op.a.op] = [0, 0]
+        acc[0] += t_end - op.t_start
+        acc[1] += 1
+
+    def note_queued(self, link: int, wait_ns: int, messages: int) -> None:
+        """Live figures: ``messages`` waited ``wait_ns`` each for ``link`` (the closed-form path)."""
+        self.link_queued_ns[link] += wait_ns * messages
+        self.link_queued_messages[link] += messages
 
     def reset_if_idle(self) -> None:
         """No collective in progress: reuse the tables from the start (they only grow otherwise)."""
@@ -309,8 +333,11 @@ class NetCore:
     def flush(self) -> None:
         """Add the core's accounting to the shard's ShardStats and clear it."""
         stats, lstat = self.stats, self.lstat
+        queued_ns, queued = self.link_queued_ns, self.link_queued_messages
         for link in np.nonzero(lstat[2])[0].tolist():
-            nbytes, busy, messages, wait = (int(v) for v in lstat[:, link])
+            nbytes, busy, messages, wait, waited_ns, waited = (int(v) for v in lstat[:, link])
+            queued_ns[link] += waited_ns
+            queued[link] += waited
             stats.link_bytes[link] += nbytes
             stats.link_busy_ns[link] += busy
             stats.link_messages[link] += messages
@@ -392,6 +419,27 @@ def _grown(arr: np.ndarray, rows: int) -> np.ndarray:
     out = np.zeros((rows, *arr.shape[1:]), arr.dtype)
     out[: arr.shape[0]] = arr
     return out
+
+
+_warming: threading.Thread | None = None
+
+
+def prepare_kernels() -> None:
+    """Load the kernels in a background thread, once per process, while the run starts in Python:
+    the first run after an edit of netkernels.py compiles them (tens of seconds), which would
+    otherwise stall the run - and its live figures - at its first message-level collective.
+
+    Not a daemon thread: the interpreter waits for it at exit rather than killing numba mid-compile.
+    A kernel called while the thread compiles it waits on numba's compiler lock (no other effect)."""
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=warm_up, name="netkernels-warm-up")
+        _warming.start()
+
+
+def kernels_compiling() -> bool:
+    """Whether the kernels are still being loaded or compiled (see :func:`prepare_kernels`)."""
+    return _warming is not None and _warming.is_alive()
 
 
 def warm_up() -> None:

@@ -261,6 +261,15 @@ def _reserve(lfree, lstat, lbw, rt, rid, first, count, size, start, arrival):
             lstat[3, link] = wait
 
 
+@njit(cache=True, inline="always")
+def _queued(lstat, blocker, wait):
+    """Queueing delay: a message that waited ``wait`` ns for a busy link is charged to the link
+    whose free time set its start (the latest free of its route's links), once per route side."""
+    if blocker >= 0:
+        lstat[4, blocker] += wait
+        lstat[5, blocker] += 1
+
+
 # -- messages -----------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _write_msg(arr, i, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid):
@@ -285,11 +294,14 @@ def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lstat, tstat, khist, tl, 
     """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
     nup = rt[rid, RT_NUP]
     start = t
+    blocker = -1
     for j in range(nup):
         link = rt[rid, RT_LINKS + j]
         if lfree[link] > start:
             start = lfree[link]
+            blocker = link
     _reserve(lfree, lstat, lbw, rt, rid, RT_LINKS, nup, size, start, t)
+    _queued(lstat, blocker, start - t)
     end_up = start + np.int64(-((-size) // rbw[rid, 0]))
     seq = mseq[src] + 1
     mseq[src] = seq
@@ -339,11 +351,14 @@ def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lf
     nup = rt[rid, RT_NUP]
     ndown = rt[rid, RT_NDOWN]
     start = t
+    blocker = -1
     for j in range(ndown):
         link = rt[rid, RT_LINKS + nup + j]
         if lfree[link] > start:
             start = lfree[link]
+            blocker = link
     _reserve(lfree, lstat, lbw, rt, rid, RT_LINKS + nup, ndown, size, start, t)
+    _queued(lstat, blocker, start - t)
     delivery = max(msg[m, M_ENDUP] + rt[rid, RT_LAT], start + np.int64(-((-size) // rbw[rid, 1])))
     dst, src = msg[m, M_DST], msg[m, M_SRC]
     gid, cseq, chan, k = msg[m, M_GID], msg[m, M_CSEQ], msg[m, M_CHAN], msg[m, M_K]
