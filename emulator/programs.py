@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -10,20 +12,72 @@ from pathlib import Path
 from emulator.errors import ConfigError
 
 _CACHE: dict[str, Callable] = {}
+MAX_PROGRAM_BYTES = 16 << 20  # a program file larger than this is not a program someone wrote
+
+
+def _split(spec: str) -> tuple[str, str]:
+    if ":" not in spec:
+        raise ConfigError(f"program: expected 'path.py:function', got {spec!r}")
+    return spec.rsplit(":", 1)
+
+
+def check_program(spec: str) -> None:
+    """Check, without running anything, that ``path.py:function`` names a Python file that defines
+    ``function`` at module level (``def``, an assignment or an import of that name); ConfigError
+    otherwise. ``emulator check`` calls it: executing the file could have effects or take forever.
+    """
+    file_part, func_name = _split(spec)
+    path = Path(file_part)
+    if not path.is_file():
+        raise ConfigError(f"program: no file {file_part!r} (from {spec!r})")
+    try:
+        with path.open("rb") as f:
+            source = f.read(MAX_PROGRAM_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"program: cannot read {file_part}: {exc.strerror}") from None
+    if len(source) > MAX_PROGRAM_BYTES:
+        raise ConfigError(f"program: {file_part} is larger than {MAX_PROGRAM_BYTES >> 20} MiB; not a Python program")
+    try:
+        tree = ast.parse(source, filename=file_part)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: NUL bytes
+        line = getattr(exc, "lineno", None)
+        where = f" (line {line}: {type(exc).__name__})" if line else f" ({type(exc).__name__})"
+        raise ConfigError(f"program: {file_part} is not a Python program{where}") from None
+    names = _module_names(tree)
+    if func_name not in names:
+        defined = ", ".join(sorted(n for n in names if not n.startswith("_"))) or "nothing"
+        raise ConfigError(f"program: {file_part} has no function {func_name!r}; it defines {defined}")
+
+
+def _module_names(tree: ast.Module) -> set[str]:
+    """Names bound at the module level of ``tree``: functions, classes, assignments, imports."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
 
 
 def load_program(spec: str) -> Callable:
     """Import ``function`` from ``path.py`` (``path.py:function``); errors name the spec."""
     if spec in _CACHE:
         return _CACHE[spec]
-    if ":" not in spec:
-        raise ConfigError(f"program: expected 'path.py:function', got {spec!r}")
-    file_part, func_name = spec.rsplit(":", 1)
+    file_part, func_name = _split(spec)
     path = Path(file_part)
     if not path.is_file():
         raise ConfigError(f"program: no file {file_part!r} (from {spec!r})")
+    if not any(file_part.endswith(suffix) for suffix in importlib.machinery.SOURCE_SUFFIXES):
+        check_program(spec)  # a file not named .py: refuse what is not Python before executing it
     module_name = f"emulator_user_program_{abs(hash(str(path.resolve())))}"
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    # an explicit source loader: spec_from_file_location finds none for a name without .py
+    loader_spec = importlib.util.spec_from_loader(
+        module_name, importlib.machinery.SourceFileLoader(module_name, str(path)), origin=str(path)
+    )
     assert loader_spec is not None and loader_spec.loader is not None
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
-from emulator.workloads.schedules import peak_in_flight, schedule_for
+from emulator.workloads.schedules import gpipe, interleaved_one_f_one_b, schedule_for
 from emulator.workloads.segments import layer_shape
 
 GiB = 2**30
@@ -116,24 +116,42 @@ def gpu_type_of_rank(cluster, rank: int) -> str:
     return "?"
 
 
+def in_flight(config, stage: int) -> tuple[int, int]:
+    """(model chunks, last-chunk microbatches) whose activations stage ``stage`` holds at its peak.
+
+    Closed forms of the schedules in emulator/workloads/schedules.py (tests/emulator/test_limits.py
+    checks them against walking the schedules), so that ``emulator check`` costs the same for 10
+    microbatches as for 65,536: GPipe holds every microbatch; 1F1B and interleaved 1F1B hold their
+    warm-up forwards plus one. The second figure counts the chunks that also hold fp32 logits on
+    the last stage: all of them under GPipe (or when the warm-up covers every microbatch), else one.
+    """
+    p = config.parallel
+    micro = config.training.global_batch_size // (config.training.micro_batch_size * p.data)
+    schedule = schedule_for(config)
+    stages, chunks = p.pipeline, p.virtual_stages
+    total = micro * chunks
+    if schedule is gpipe:
+        warmup = total
+    elif schedule is interleaved_one_f_one_b:
+        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    else:
+        warmup = min(stages - stage - 1, micro)
+    peak = min(warmup + 1, total)
+    return peak, (micro if warmup >= total else min(1, micro))
+
+
 def stage_memory(config, stage: int) -> StageMemory:
     p = config.parallel
     layout = layout_of(config)
     gpu = gpu_type_of_rank(config.cluster, layout.rank(0, 0, stage))
     weights, grads, optimizer = static_bytes(config, stage)
-    micro = config.training.global_batch_size // (config.training.micro_batch_size * p.data)
-    actions = schedule_for(config)(stage, p.pipeline, micro, p.virtual_stages)
     per_chunk = activation_bytes_per_layer(config) * layers_of_stage(config, stage)
-    live = peak = 0
-    for is_forward, _, chunk in actions:
-        size = per_chunk + (logits_bytes(config) if stage == p.pipeline - 1 and chunk == p.virtual_stages - 1 else 0)
-        live += size if is_forward else -size
-        peak = max(peak, live)
-    in_flight = peak_in_flight(actions)
+    chunks_live, logits_live = in_flight(config, stage)
+    peak = per_chunk * chunks_live + (logits_bytes(config) * logits_live if stage == p.pipeline - 1 else 0)
     transient = 0
     if config.training.recompute == "full":  # one layer's activations are rebuilt during its backward
         transient = activation_bytes_per_layer(config, "none")
-    return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, in_flight, peak, transient,
+    return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, chunks_live, peak, transient,
                        get_gpu(gpu).hbm_bytes if gpu != "?" else 0)  # fmt: skip
 
 
