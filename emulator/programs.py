@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from emulator.config.loader import read_bounded
 from emulator.errors import ConfigError
 
 _CACHE: dict[str, Callable] = {}
@@ -30,13 +31,7 @@ def check_program(spec: str) -> None:
     path = Path(file_part)
     if not path.is_file():
         raise ConfigError(f"program: no file {file_part!r} (from {spec!r})")
-    try:
-        with path.open("rb") as f:
-            source = f.read(MAX_PROGRAM_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"program: cannot read {file_part}: {exc.strerror}") from None
-    if len(source) > MAX_PROGRAM_BYTES:
-        raise ConfigError(f"program: {file_part} is larger than {MAX_PROGRAM_BYTES >> 20} MiB; not a Python program")
+    source = read_bounded(path, MAX_PROGRAM_BYTES, "program: cannot read", "not a Python program")
     try:
         tree = ast.parse(source, filename=file_part)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: NUL bytes

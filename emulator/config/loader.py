@@ -46,18 +46,26 @@ def read_yaml(path: Path) -> Any:
     Bounded: at most :data:`MAX_CONFIG_BYTES` of text, :data:`MAX_DEPTH` levels of nesting and
     :data:`MAX_EXPANDED_NODES` nodes with aliases expanded, so that no file hangs or exhausts memory.
     """
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; not a config file")
+    raw = read_bounded(path, MAX_CONFIG_BYTES, "cannot read config file", "not a config file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (not UTF-8)") from None
     return parse_yaml(text, str(path))
+
+
+def read_bounded(path: Path, max_bytes: int, cannot_read: str, too_large: str) -> bytes:
+    """The bytes of ``path``, reading no more than ``max_bytes`` + 1 of them (a config or program
+    may name /dev/zero or a huge file); ConfigError ``"{cannot_read} PATH: why"`` when unreadable,
+    ``"PATH: larger than N MiB; {too_large}"`` when larger than ``max_bytes``."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"{cannot_read} {path}: {exc.strerror}") from None
+    if len(raw) > max_bytes:
+        raise ConfigError(f"{path}: larger than {max_bytes >> 20} MiB; {too_large}")
+    return raw
 
 
 def parse_yaml(text: str, source: str) -> Any:
