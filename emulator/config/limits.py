@@ -7,9 +7,14 @@ out of host memory, or overflows int64 nanoseconds in the compiled engine, which
 
 The bounds are generous for real clusters and models (the largest published training runs use
 ~100k GPUs, 128k-token sequences, 16k hidden size, 126 layers, a 256k vocabulary) yet keep every
-derived figure small: sizes stay far below 2**63 bytes and a message at the slowest allowed link
-(``MIN_BANDWIDTH_*``, ``MIN_EFFICIENCY``, ``MAX_TOTAL_OVERSUBSCRIPTION``) of the largest size a GPU
-can hold (~2**38 bytes) lasts ~2**51 ns, leaving int64 virtual time room for thousands of them.
+derived figure small: sizes stay far below 2**63 bytes, and the slowest allowed uplink share
+(100 Mb/s NIC x 0.05 efficiency / 64 total oversubscription, ~10 kB/s) moves the largest message a
+GPU can hold (~2**38 bytes) in ~2**55 ns, so int64 virtual time has room for hundreds of them.
+
+The bandwidth floors are also about wall time: the traffic timeline has an entry per
+``timeline_bucket_us`` of every message's serialisation, so a 1 GiB all-reduce at 1 Mb/s (hours
+of virtual time) means millions of entries and gigabytes of host memory. 100 Mb/s Ethernet and
+10 MB/s scale-up are slower than anything a model is trained on.
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ MAX_NODES = 2**20
 MAX_GPUS_PER_NODE = 1024  # NVL576-class racks count as one scale-up node
 MAX_NICS_PER_NODE = 64
 MAX_TIERS = 8  # switch tiers above the scale-up fabric
-MAX_TOTAL_OVERSUBSCRIPTION = 1024.0  # product of the tiers' oversubscription
+MAX_TOTAL_OVERSUBSCRIPTION = 64.0  # product of the tiers' oversubscription (3:1 over three tiers is 27)
 
-MIN_BANDWIDTH_GBPS = 0.001  # scale-up, 10^9 bytes/s: 1 MB/s
-MIN_BANDWIDTH_GBITPS = 0.001  # NIC, 10^9 bits/s: 125 kB/s
+MIN_BANDWIDTH_GBPS = 0.01  # scale-up, 10^9 bytes/s: 10 MB/s
+MIN_BANDWIDTH_GBITPS = 0.1  # NIC, 10^9 bits/s: 100 Mb/s Ethernet
 MAX_BANDWIDTH_GBPS = 1e6  # 1 PB/s per port: beyond any fabric, keeps bytes/ns finite and sane
 MAX_BANDWIDTH_GBITPS = 8e6
-MIN_EFFICIENCY = 0.01
+MIN_EFFICIENCY = 0.05
 MAX_LATENCY_US = 1e6  # one second per message
 
 MAX_SEQ_LENGTH = 2**24

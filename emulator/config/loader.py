@@ -36,7 +36,7 @@ MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: the largest shipped run or cluster file is 
 # Nodes of a document with every alias expanded: what anything walking the data (deepcopy, the
 # typed conversion, config.yaml, JSON) will visit. A "billion laughs" document is a few hundred
 # bytes with few aliases but ~10^9 nodes once expanded; a real config file has a few hundred.
-MAX_EXPANDED_NODES = 100_000
+MAX_EXPANDED_NODES = 1_000_000  # about what 1 MiB of plain YAML can hold ("[1,1,1,...")
 MAX_DEPTH = 64  # nesting of mappings and lists; the deepest real config has 4
 
 
@@ -88,6 +88,7 @@ _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def _load_bounded(text: str, source: str) -> Any:
     """``yaml.safe_load`` with the size and depth checks of :func:`_check_size` between composing the
     document (aliases are shared nodes then) and constructing it; YAML errors propagate."""
+    _check_depth(text, source)
     loader = _SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -99,6 +100,19 @@ def _load_bounded(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: nested too deeply (more than {MAX_DEPTH} levels)") from None
     finally:
         loader.dispose()
+
+
+def _check_depth(text: str, source: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` from the parser's events, before composing: the
+    composer recurses per level (libyaml's crashes the interpreter at ~10^5 levels of ``[[[...``)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{source}: nested too deeply (more than {MAX_DEPTH} levels)")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
