@@ -1,4 +1,4 @@
-"""Command line: ``emulator run | check | collbench | validate | report | compare``.
+"""Command line: ``emulator run | check | sweep | collbench | validate | report | compare``.
 
 User errors print one line (``error: ...``) and exit with code 2; success exits 0.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from emulator.errors import EmulatorError
@@ -61,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_a", type=Path)
     compare.add_argument("run_b", type=Path)
     compare.add_argument("--json", action="store_true", help="print every figure as JSON")
+
+    sweep = sub.add_parser("sweep", help="run many points of one base run in parallel (grid or list)")
+    sweep.add_argument("sweep_file", help="sweep file (YAML): base run file and grid or points")
+    sweep.add_argument("--out", type=Path, help="sweep directory (default runs/sweep-<name>)")
+    sweep.add_argument("--workers", type=int, help="points run at once on this machine (default: the cores)")
+    sweep.add_argument("--backend", default="inline", help="inline (local worker processes, default) or ray")
+    sweep.add_argument("--address", help="Ray cluster address: auto or HOST:PORT (default: start a local Ray)")
+    sweep.add_argument("--timeout-s", type=float, metavar="SECONDS", help="stop a point running longer than this")
+    sweep.add_argument("--force", action="store_true", help="rerun the points already in sweep.csv")
+    sweep.add_argument("--quiet", action="store_true", help="print only the final table")
+    _add_metrics_args(sweep)
 
     check = sub.add_parser("check", help="validate a run file without running it")
     _add_config_args(check)
@@ -152,6 +164,37 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from emulator.sweep import format_rows, run_sweep
+
+    metrics = None
+    if args.metrics_port is not None:
+        from emulator.monitoring.sweep_metrics import SweepMetrics
+
+        run_id = args.out.name if args.out else f"sweep-{Path(args.sweep_file).stem}"
+        metrics = SweepMetrics(run_id, str(args.sweep_file), args.metrics_port, args.metrics_host)
+    try:
+        out, rows = run_sweep(args.sweep_file, out=args.out, workers=args.workers, backend=args.backend,
+                              address=args.address, timeout_s=args.timeout_s, force=args.force, quiet=args.quiet,
+                              metrics=metrics)  # fmt: skip
+        print(format_rows(rows))
+        print(f"{len(rows)} points ({sum(r['status'] == 'ok' for r in rows)} ok) -> {out}/sweep.csv", flush=True)
+        if metrics is not None and args.metrics_grace_s > 0:
+            from emulator.monitoring.progress import format_duration
+
+            if not args.quiet:
+                print(f"metrics stay up at {metrics.exporter.url} for {format_duration(args.metrics_grace_s)} "
+                      "(Ctrl-C to stop)", file=sys.stderr, flush=True)  # fmt: skip
+            try:
+                time.sleep(args.metrics_grace_s)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return 0
+
+
 def cmd_collbench(args) -> int:
     from emulator.collbench import collbench, format_table, parse_size, sizes_between
     from emulator.config.loader import load_cluster
@@ -190,8 +233,8 @@ def cmd_compare(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "collbench": cmd_collbench, "validate": cmd_validate,
-            "report": cmd_report, "compare": cmd_compare}  # fmt: skip
+COMMANDS = {"run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "collbench": cmd_collbench,
+            "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
