@@ -95,6 +95,22 @@ def load_sweep(path: str | Path) -> Sweep:
     return sweep
 
 
+def make_sweep(base: str | Path, points: list[dict[str, Any]], name: str = "sweep") -> Sweep:
+    """A sweep built in code: ``points`` are ``{key.path: value}`` overrides of the run file ``base``
+    (the planner's candidates, for instance)."""
+    base = Path(base).resolve()
+    if not base.is_file():
+        raise ConfigError(f"no run file {str(base)!r}")
+    if len(points) > MAX_POINTS:
+        raise ConfigError(f"{len(points)} points, at most {MAX_POINTS}")
+    knobs: list[str] = []
+    for point in points:
+        knobs.extend(k for k in point if k not in knobs)
+    sweep = Sweep(Path(f"{name}.yaml"), base, knobs)
+    sweep.points = [_resolve(base, i, dict(point)) for i, point in enumerate(points)]
+    return sweep
+
+
 def _grid(path: Path, grid: Any) -> list[dict]:
     if not isinstance(grid, dict) or not grid:
         raise ConfigError(f"{path}: grid: expected a mapping of key.path: [values]")
@@ -254,15 +270,17 @@ class SweepProgress:
             self.stream.flush()
 
 
-def run_sweep(sweep_path: str | Path, out: str | Path | None = None, workers: int | None = None,
+def run_sweep(sweep_path: str | Path | Sweep, out: str | Path | None = None, workers: int | None = None,
               backend: str = "inline", address: str | None = None, timeout_s: float | None = None,
               force: bool = False, quiet: bool = False, metrics=None) -> tuple[Path, list[dict]]:  # fmt: skip
     """Run every point not already in ``OUT/sweep.csv``; returns the directory and the rows.
 
+    ``sweep_path``: a sweep file, or a :class:`Sweep` built in code (:func:`make_sweep`).
+
     ``metrics`` (an :class:`emulator.monitoring.sweep_metrics.SweepMetrics`, or None) receives the
     rows as they finish.
     """
-    sweep = load_sweep(sweep_path)
+    sweep = sweep_path if isinstance(sweep_path, Sweep) else load_sweep(sweep_path)
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
