@@ -520,24 +520,34 @@ class Shard(CollectiveExecution):
         self._complete(gpu, op, t)
         self.core.reset_if_idle()
 
-    def live_stats(self, hot_links: int = 10, recent_iterations: int = 4) -> dict:
+    def live_stats(self, hot_links: int = 5, recent_iterations: int = 4, slow_ranks: int = 5) -> dict:
         """Progress figures for live monitoring, O(ranks + links): plain ints and lists only.
 
         Per pipeline stage (``rank // (world / parallel.pipeline)`` for a model run, else one stage
         0): ranks, summed compute / communication / idle ns (idle = a rank's latest op end minus its
-        compute time) and peak memory. ``marks_hist`` is ``[[marks, ranks], ...]``;
+        compute time), peak memory, memory in use now (the fullest rank) and the largest share of a
+        rank's capacity in use now. ``marks_hist`` is ``[[marks, ranks], ...]``;
         ``iteration_ends_ns`` gives ``[k, end]`` for the shard's last completed iterations (end = the
-        latest rank's k-th mark); ``hot_links`` the busiest links it owns as ``[link, bytes, busy_ns]``.
+        latest rank's k-th mark); ``hot_links`` the ``hot_links`` busiest links it owns *in each
+        tier* as ``[link, bytes, busy_ns, queued_ns]``; ``tier_queued_ns`` / ``tier_queued_messages``
+        the time messages waited for a busy link; ``collective_ns`` ``{kind: [ns, calls]}`` summed
+        over members; ``behind`` the unfinished ranks whose latest operation ended earliest and
+        ``busiest`` the ranks with the most compute, as ``[rank, ns]``; ``compiling`` whether the
+        compiled collective engine is still being loaded or compiled.
         """
-        topo, stats = self.topo, self.stats
+        from emulator.engine.netcore import kernels_compiling
+
+        topo, stats, core = self.topo, self.stats, self.core
         stats.flush()
         gpus = list(self.gpus.values())
         config = self.config
         stages = max(1, config.parallel.pipeline) if getattr(config, "model", None) is not None else 1
         stage_size = max(1, topo.world_size // stages)
-        ranks, compute, comm, idle, peak = ([0] * stages for _ in range(5))
+        ranks, compute, comm, idle, peak, used = ([0] * stages for _ in range(6))
+        used_ratio = [0.0] * stages
         marks: dict[int, int] = {}
-        finished = 0
+        finished = ops_done = outstanding = 0
+        flops = 0.0
         fold = self.fold  # a representative counts for its whole folded group
         for g in gpus:
             s = min(g.rank // stage_size, stages - 1)
@@ -547,17 +557,36 @@ class Shard(CollectiveExecution):
             idle[s] += max(0, g.last_time - g.compute_ns) * fold
             if g.mem_peak > peak[s]:
                 peak[s] = g.mem_peak
+            if g.mem_used > used[s]:
+                used[s] = g.mem_used
+            if g.mem_used > used_ratio[s] * g.capacity_bytes:
+                used_ratio[s] = g.mem_used / g.capacity_bytes
             n = len(g.marks)
             marks[n] = marks.get(n, 0) + fold
             finished += (g.finished and g.outstanding == 0) * fold
+            ops_done += g.ops_done
+            outstanding += g.outstanding
+            flops += g.flops_done
         done = min(marks, default=0)
         ends = [[k, max([g.marks[k] for g in gpus])] for k in range(max(0, done - recent_iterations), done)]
-        busy_ns = stats.link_busy_ns
-        tier_busy = [0] * len(topo.tier_names)
-        for tier, busy in zip(topo.link_tier, busy_ns, strict=True):
-            tier_busy[tier] += busy if tier == 0 else busy * fold  # rails are replicated at the end
-        # busiest first, lower link index first among equals (negated index in the heap key)
-        hot = [-i for b, i in heapq.nlargest(hot_links, zip(busy_ns, range(0, -len(busy_ns), -1), strict=True)) if b]
+        running = [g for g in gpus if not (g.finished and g.outstanding == 0)]
+        behind = heapq.nsmallest(slow_ranks, running, key=lambda g: (g.last_time, g.rank))
+        busiest = heapq.nsmallest(slow_ranks, gpus, key=lambda g: (-g.compute_ns, g.rank))
+        busy_ns, queued_ns = stats.link_busy_ns, core.link_queued_ns
+        tiers = len(topo.tier_names)
+        tier_busy, tier_queued, tier_waits = [0] * tiers, [0] * tiers, [0] * tiers
+        for tier, busy, q, w in zip(topo.link_tier, busy_ns, queued_ns, core.link_queued_messages, strict=True):
+            f = 1 if tier == 0 else fold  # rails are replicated at the end
+            tier_busy[tier] += busy * f
+            tier_queued[tier] += q * f
+            tier_waits[tier] += w * f
+        by_tier = getattr(self, "_live_tier_links", None)
+        if by_tier is None:  # the links of each tier, once
+            by_tier = self._live_tier_links = [[] for _ in range(tiers)]
+            for link, tier in enumerate(topo.link_tier):
+                by_tier[tier].append(link)
+        # busiest first, lower link index first among equals
+        hot = [i for links in by_tier for i in heapq.nsmallest(hot_links, links, key=lambda i: (-busy_ns[i], i))]
         return {
             "shard": self.index,
             "events": self.events,
@@ -570,13 +599,24 @@ class Shard(CollectiveExecution):
             "marks_hist": sorted([n, c] for n, c in marks.items()),
             "iteration_ends_ns": ends,
             "tier_busy_ns": tier_busy,
+            "tier_queued_ns": tier_queued,
+            "tier_queued_messages": tier_waits,
             "tier_size_hist": [sorted([b, c] for b, c in h.items()) for h in stats.size_hist],
             "stage_ranks": ranks,
             "stage_compute_ns": compute,
             "stage_comm_ns": comm,
             "stage_idle_ns": idle,
             "stage_peak_memory_bytes": peak,
-            "hot_links": [[i, stats.link_bytes[i], busy_ns[i]] for i in hot],
+            "stage_memory_bytes": used,
+            "stage_memory_ratio": used_ratio,
+            "hot_links": [[i, stats.link_bytes[i], busy_ns[i], queued_ns[i]] for i in hot if busy_ns[i]],
+            "collective_ns": {kind: [ns * fold, n * fold] for kind, (ns, n) in sorted(core.collective_ns.items())},
+            "ops_done": ops_done * fold,
+            "ops_outstanding": outstanding * fold,
+            "flops_done": flops * fold,
+            "behind": [[g.rank, g.last_time] for g in behind],
+            "busiest": [[g.rank, g.compute_ns] for g in busiest],
+            "compiling": kernels_compiling(),
         }
 
     def blocked(self) -> list[dict]:

@@ -3,9 +3,10 @@
     emulator run configs/examples/data-parallel.yaml --metrics-port 9431 --metrics-grace-s 60
 
 The round protocol calls :meth:`Monitor.update` about every 0.5 s of wall time (see
-``emulator.engine.coordinator.Observer``); :meth:`Monitor.finish` sets the final figures from the
-run's results, :meth:`Monitor.linger` keeps ``/metrics`` up for the grace period so that Prometheus
-scrapes them, and :meth:`Monitor.close` stops everything. Observing never changes results.
+``emulator.engine.coordinator.Observer``); :meth:`Monitor.finish` sets the final figures and the
+status of a completed, failed or interrupted run, :meth:`Monitor.linger` keeps ``/metrics`` up for
+the grace period so that Prometheus scrapes them, and :meth:`Monitor.close` stops everything.
+Observing never changes results.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from dataclasses import replace
 from typing import TextIO
 
-from emulator.monitoring.live import LiveState, Snapshot
+from emulator.hardware.gpus import get_gpu
+from emulator.monitoring.live import NAN, LiveState, Snapshot
+from emulator.monitoring.plan import work_plan
 from emulator.monitoring.progress import ProgressDisplay, format_duration
 from netmodel.topology import Topology
 
@@ -40,7 +43,8 @@ class Monitor:
         for tier in topo.link_tier:
             tier_links[tier] += 1
         self.topo = topo
-        self.state = LiveState(tier_links, expected_iterations(config))
+        self.state = LiveState(tier_links, expected_iterations(config), work_plan(config, topo),
+                               link_tier=topo.link_tier)  # fmt: skip
         self.display = ProgressDisplay(progress, stream)
         self.stream = stream if stream is not None else sys.stderr
         self.snapshot = Snapshot()
@@ -52,7 +56,11 @@ class Monitor:
 
             info = {"run_id": run_id, "config": config.name, "world_size": str(config.cluster.world_size),
                     "backend": backend, "shards": str(shards)}  # fmt: skip
-            collector = SnapshotCollector(info, topo.tier_names, tier_links, topo.link_name, topo.link_tier)
+            compiling = None
+            if backend == "inline":  # kernels compile in this process: a scrape can ask while it blocks
+                from emulator.engine.netcore import kernels_compiling as compiling
+            collector = SnapshotCollector(info, topo.tier_names, tier_links, topo.link_name, topo.link_tier,
+                                          _stage_capacity_bytes(config, topo), compiling)  # fmt: skip
             self.exporter = Exporter(collector, port, host)
             self.exporter.publish(self.state.observe(0.0, 0, 0, [], 0))
 
@@ -72,29 +80,42 @@ class Monitor:
         self.display.show(self.snapshot)
 
     def finish(self, summary: dict | None = None, result=None) -> None:
-        """Mark the run finished; exact final figures from the summary and the merged results."""
+        """The run has ended: completed, failed or interrupted (``summary["status"]``; a summary
+        without one is a completed run's, no summary nor result a failed run's). Sets the final
+        figures from the summary (virtual time, iterations, rounds, MFU, the error line) and, when
+        the live figures never saw a link, the busiest links from ``result`` (complete or partial)."""
         self.display.close()
-        snap = replace(self.snapshot, finished=True, eta_s=0.0, iteration_progress=0.0, run_progress=1.0)
-        if summary is not None:
-            times = summary.get("iteration_times_s") or []
-            snap = replace(
-                snap,
-                virtual_time_s=summary["sim_time_s"],
-                iterations_done=len(times),
-                iteration_durations_s=tuple(times),
-                cross_shard_messages=summary.get("cross_shard_messages", snap.cross_shard_messages),
-                rounds=summary.get("rounds", snap.rounds),
-            )
-        if result is not None:
+        summary = summary or {}
+        status = summary.get("status") or ("completed" if summary or result is not None else "failed")
+        snap = replace(self.snapshot, finished=True, status=status, error=summary.get("error") or "")
+        if status == "completed":
+            snap = replace(snap, eta_s=0.0, iteration_progress=0.0, run_progress=1.0)
+        else:  # the run will not go on: no ETA; its progress stays where it stopped
+            snap = replace(snap, eta_s=NAN, speed_ratio=NAN)
+        virtual_s = summary.get("sim_time_s", summary.get("virtual_time_reached_s"))
+        if virtual_s is not None:
+            snap = replace(snap, virtual_time_s=virtual_s)
+        times = summary.get("iteration_times_s")
+        if times is not None:
+            snap = replace(snap, iterations_done=len(times), iteration_durations_s=tuple(times))
+        for key, field in (("cross_shard_messages", "cross_shard_messages"), ("rounds", "rounds"), ("mfu", "mfu"),
+                           ("tokens_per_s", "tokens_per_s")):  # fmt: skip
+            if summary.get(key) is not None:
+                snap = replace(snap, **{field: summary[key]})
+        if result is not None and not snap.hot_links:
             snap = replace(snap, hot_links=self._hot_links(result.links, snap.virtual_time_s))
         self.snapshot = snap
         if self.exporter is not None:
             self.exporter.publish(snap)
 
     def _hot_links(self, links: dict, virtual_s: float) -> tuple:
-        top = sorted(links.items(), key=lambda kv: (-kv[1][1], kv[0]))[: self.state.hot_links]
-        return tuple((link, nbytes, busy / 1e9, busy / 1e9 / virtual_s if virtual_s else 0.0)
-                     for link, (nbytes, busy, _, _) in top)  # fmt: skip
+        """The busiest links of each tier from merged link statistics (no queueing recorded there)."""
+        per_tier: dict[int, list] = {}
+        for link, (nbytes, busy, _, _) in links.items():
+            per_tier.setdefault(self.topo.link_tier[link], []).append((-busy, link, nbytes))
+        top = sorted(entry for entries in per_tier.values() for entry in sorted(entries)[: self.state.hot_links])
+        return tuple((link, nbytes, -busy / 1e9, -busy / 1e9 / virtual_s if virtual_s else 0.0, 0.0)
+                     for busy, link, nbytes in top)  # fmt: skip
 
     def linger(self, grace_s: float, quiet: bool = False) -> None:
         """Keep ``/metrics`` up for ``grace_s`` seconds (Ctrl-C ends the wait early), then close."""
@@ -113,3 +134,15 @@ class Monitor:
         if self.exporter is not None:
             self.exporter.close()
             self.exporter = None
+
+
+def _stage_capacity_bytes(config, topo: Topology) -> list[int]:
+    """Memory of the smallest GPU of each pipeline stage (one stage for a user program)."""
+    stages = max(1, config.parallel.pipeline) if getattr(config, "model", None) is not None else 1
+    size = max(1, topo.world_size // stages)
+    capacity = [0] * stages
+    for rank in range(topo.world_size):
+        stage = min(rank // size, stages - 1)
+        hbm = get_gpu(topo.gpu_type(rank)).hbm_bytes
+        capacity[stage] = hbm if not capacity[stage] else min(capacity[stage], hbm)
+    return capacity

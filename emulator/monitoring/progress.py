@@ -17,13 +17,18 @@ from emulator.monitoring.live import Snapshot
 
 
 def describe(snap: Snapshot) -> str:
-    """One line: ``virtual 1.234 s | iteration 3/200 | speed 0.103x | ETA 3m12s``."""
+    """One line: ``virtual 1.234 s | iteration 3/200 (1.6%) | speed 0.103x | ETA 3m12s``.
+
+    While the compiled collective kernels load or compile, the speed says so: the emulation may be
+    waiting for them (the first run after installing or editing emulator/engine/netkernels.py)."""
     expected = snap.iterations_expected
     total = f"/{int(expected)}" if not math.isnan(expected) else ""
+    progress = f" ({snap.run_progress:.1%})" if not math.isnan(snap.run_progress) else ""
+    speed = f"speed {snap.speed_ratio:.3g}x" if not math.isnan(snap.speed_ratio) else "speed -"
     parts = [
         f"virtual {snap.virtual_time_s:.3f} s",
-        f"iteration {snap.iterations_done}{total}",
-        f"speed {snap.speed_ratio:.3g}x" if not math.isnan(snap.speed_ratio) else "speed -",
+        f"iteration {snap.iterations_done}{total}{progress}",
+        f"{speed} (compiling kernels)" if snap.compiling else speed,
         f"ETA {format_duration(snap.eta_s)}",
     ]
     return " | ".join(parts)
@@ -71,6 +76,8 @@ class ProgressDisplay:
     def _bar(self, snap: Snapshot) -> None:
         expected = None if math.isnan(snap.iterations_expected) else snap.iterations_expected
         done = snap.iterations_done + snap.iteration_progress
+        if expected and not math.isnan(snap.run_progress):  # within-iteration progress of a model run
+            done = snap.run_progress * expected
         if self._progress is None:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+RUN_ONLY = re.compile(r'([a-z_]+)\{run="[^"]*"\} (\S+)')
 EXAMPLE = ROOT / "configs" / "examples" / "data-parallel.yaml"
 
 
@@ -29,7 +31,8 @@ def start_emulator(port: int, out: Path, *extra: str) -> subprocess.Popen:
 
 
 def scrape(port: int) -> dict[str, float] | None:
-    """Unlabelled samples of ``/metrics`` as {name: value}; None while the endpoint is not up."""
+    """Samples of ``/metrics`` labelled with nothing but their run, as {name: value}; None while the
+    endpoint is not up."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             text = r.read().decode()
@@ -37,9 +40,9 @@ def scrape(port: int) -> dict[str, float] | None:
         return None
     samples = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+        match = RUN_ONLY.fullmatch(line)
+        if match:
+            samples[match.group(1)] = float(match.group(2))
     return samples
 
 

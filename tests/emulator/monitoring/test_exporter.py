@@ -13,7 +13,8 @@ from emulator.monitoring.exporter import METRICS, Exporter, SnapshotCollector, s
 from emulator.monitoring.live import Snapshot
 from tests.emulator.monitoring.helpers import free_port, scrape, start_emulator, stop, wait_for
 
-COUNTS = {"iterations", "expected", "finished", "rounds", "messages", "events", "links", "ranks"}
+COUNTS = {"iterations", "expected", "finished", "rounds", "messages", "events", "links", "ranks", "operations",
+          "calls", "status", "compiling"}  # fmt: skip
 INFO = {"run_id": "r", "config": "c", "world_size": "16", "backend": "inline", "shards": "2"}
 SNAP = Snapshot(
     virtual_time_s=1.5, rounds=7, iterations_done=2, iteration_durations_s=(0.5, 0.5),
@@ -21,12 +22,14 @@ SNAP = Snapshot(
     tier_busy_s=(0.1, 0.2), tier_utilisation=(0.1, 0.2), tier_mean_utilisation=(0.1, 0.2),
     tier_bandwidth_bytes_per_s=(1.0, 2.0), tier_size_hist=({6: 2}, {5: 1}), stage_ranks=(8, 8),
     stage_compute_s=(1.0, 1.0), stage_comm_s=(0.2, 0.2), stage_idle_s=(0.5, 0.5),
-    stage_peak_memory_bytes=(1, 2), hot_links=((0, 100, 0.1, 0.07),),
+    stage_peak_memory_bytes=(1, 2), hot_links=((0, 100, 0.1, 0.07, 0.01),), stage_memory_bytes=(1, 2),
+    stage_memory_ratio=(0.1, 0.2), tier_queueing_s=(0.0, 0.25), tier_queued_messages=(0, 3),
+    behind=((3, 1.25),), busiest=((5, 1.0),), collectives=(("all_reduce", 0.5, 4),), mfu=0.4, tokens_per_s=10.0,
 )  # fmt: skip
 
 
 def _exposition(snapshot: Snapshot) -> str:
-    collector = SnapshotCollector(INFO, ["nvlink", "leaf"], [4, 2], ["node0.gpu0.tx"], [0])
+    collector = SnapshotCollector(INFO, ["nvlink", "leaf"], [4, 2], ["node0.gpu0.tx"], [0], [80, 80])
     collector.snapshot = snapshot
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -39,7 +42,8 @@ def test_names_follow_prometheus_conventions():
         assert re.fullmatch(r"emulator_[a-z_]+", name) and doc, name
         assert not name.endswith("_total"), f"{name}: counters are listed without _total"
         assert not re.search(r"_(ms|ns|us|gb|mb|kb|percent)(_|$)", name), name
-        assert set(labels) <= {"tier", "shard", "stage", "link", *INFO}, name
+        assert set(labels) <= {"tier", "shard", "stage", "link", "rank", "kind", "status", "error", *INFO}, name
+        assert "run" not in labels, f"{name}: every series gets the run label from the collector"
         unit = name.rsplit("_", 1)[1]
         assert unit in {"seconds", "bytes", "ratio", "second", *COUNTS} or kind == "info", name
 
@@ -49,18 +53,43 @@ def test_exposition_holds_exactly_the_catalogue():
     text = _exposition(SNAP)
     exposed = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
     assert exposed == sample_names()
-    assert 'emulator_message_size_bytes_bucket{le="64.0",tier="nvlink"} 2.0' in text
-    assert 'emulator_message_size_bytes_bucket{le="32.0",tier="nvlink"} 0.0' in text
-    assert 'emulator_message_size_bytes_sum{tier="nvlink"} 100.0' in text
-    assert 'emulator_hottest_link_utilisation_ratio{link="node0.gpu0.tx",tier="nvlink"} 0.07' in text
-    assert 'emulator_run_info{backend="inline",config="c",run_id="r",shards="2",world_size="16"} 1.0' in text
+    assert 'emulator_message_size_bytes_bucket{le="64.0",run="r",tier="nvlink"} 2.0' in text
+    assert 'emulator_message_size_bytes_bucket{le="32.0",run="r",tier="nvlink"} 0.0' in text
+    assert 'emulator_message_size_bytes_sum{run="r",tier="nvlink"} 100.0' in text
+    assert 'emulator_hottest_link_utilisation_ratio{link="node0.gpu0.tx",run="r",tier="nvlink"} 0.07' in text
+    assert 'emulator_hottest_link_queueing_seconds{link="node0.gpu0.tx",run="r",tier="nvlink"} 0.01' in text
+    assert 'emulator_run_info{backend="inline",config="c",run="r",run_id="r",shards="2",world_size="16"} 1.0' in text
+    assert 'emulator_tier_queueing_seconds_total{run="r",tier="leaf"} 0.25' in text
+    assert 'emulator_slowest_rank_virtual_time_seconds{rank="3",run="r"} 1.25' in text
+    assert 'emulator_collective_calls_total{kind="all_reduce",run="r"} 4.0' in text
+    assert 'emulator_run_status{run="r",status="running"} 1.0' in text
+    assert 'emulator_run_status{run="r",status="failed"} 0.0' in text
+
+
+def test_every_series_carries_the_run_label():
+    """Two runs scraped by one Prometheus never mix: each sample names its run."""
+    for line in _exposition(SNAP).splitlines():
+        if line and not line.startswith("#"):
+            assert 'run="r"' in line, line
+
+
+def test_a_failed_run_says_so():
+    """Status failed and the error line are exported; the process's own CPU and memory are there."""
+    text = _exposition(Snapshot(finished=True, status="failed", error="deadlock: rank 3 waits"))
+    assert 'emulator_run_status{run="r",status="failed"} 1.0' in text
+    assert 'emulator_run_status{run="r",status="running"} 0.0' in text
+    assert 'emulator_run_error_info{error="deadlock: rank 3 waits",run="r"} 1.0' in text
+    assert 'emulator_run_finished{run="r"} 1.0' in text
+    rss = re.search(r'emulator_process_resident_memory_bytes\{run="r"\} (\S+)', text)
+    assert float(rss.group(1)) > 1 << 20
 
 
 def test_unknown_values_are_nan():
     """Before anything is known, ETA and expected iterations are NaN (not 0)."""
     text = _exposition(Snapshot())
-    assert "emulator_eta_seconds NaN" in text
-    assert "emulator_iterations_expected NaN" in text
+    assert 'emulator_eta_seconds{run="r"} NaN' in text
+    assert 'emulator_iterations_expected{run="r"} NaN' in text
+    assert 'emulator_mfu_ratio{run="r"} NaN' in text
 
 
 def test_port_in_use_is_a_user_error():

@@ -7,13 +7,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from emulator.backends.inline import run_inline
+from emulator.backends.inline import InlineTransport, run_inline
+from emulator.config.loader import load_run
 from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
+from emulator.engine.coordinator import drive
+from emulator.engine.folding import fold_factor
+from emulator.engine.placement import shard_layout
+from emulator.engine.shard import Shard
 from emulator.monitoring import LiveState, Monitor, expected_iterations
+from emulator.monitoring.plan import work_plan
+from emulator.programs import resolve_program
 from emulator.summary import summarize
+from emulator.workloads.metrics import workload_summary
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict
+from tests.emulator.monitoring.helpers import ROOT
 
 
 def staged_program(gpu):
@@ -56,7 +65,7 @@ def test_final_snapshot_matches_summary(shards):
     """Bytes, utilisation, iteration times, memory and hottest links equal the merged results."""
     _, topo, result, summary, recorder = _run(shards)
     tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
-    state = LiveState(tier_links, expected_iterations=3)
+    state = LiveState(tier_links, expected_iterations=3, link_tier=topo.link_tier)
     for rounds, t, stats in recorder.calls:
         snap = state.observe(1.0 + rounds, rounds, t, stats, recorder.cross)
     names = topo.tier_names
@@ -70,8 +79,15 @@ def test_final_snapshot_matches_summary(shards):
     assert snap.cross_shard_messages == result.cross_shard_messages
     assert (snap.cross_shard_messages > 0) == (shards > 1)
     assert sum(snap.shard_events) == result.events
-    hottest = sorted(result.links.items(), key=lambda kv: (-kv[1][1], kv[0]))[:10]
-    assert [h[0] for h in snap.hot_links] == [link for link, _ in hottest]
+    per_tier = {}  # the 5 busiest links of each tier, from the merged results
+    for link, (_, busy, _, _) in result.links.items():
+        per_tier.setdefault(topo.link_tier[link], []).append((-busy, link))
+    hottest = sorted(entry for entries in per_tier.values() for entry in sorted(entries)[:5])
+    assert [h[0] for h in snap.hot_links] == [link for _, link in hottest]
+    assert len({topo.link_tier[h[0]] for h in snap.hot_links}) == len(per_tier) > 1  # InfiniBand shows too
+    calls = {kind: n for kind, _, n in snap.collectives}
+    assert calls == {"all_reduce": 3 * 16}  # every member's calls
+    assert snap.collectives[0][1] > 0
     assert sum(sum(h.values()) for h in snap.tier_size_hist) == sum(result.tier_messages)
 
 
@@ -122,3 +138,102 @@ def test_monitor_without_port_or_display_is_inactive():
     """With --quiet and no --metrics-port the run gets no observer at all."""
     config = from_dict(RunConfig, {"program": "x.py:f", "cluster": cluster_dict()}, "")
     assert not Monitor(config, run_id="r").active
+
+
+def contending_program(gpu):
+    """Two all-reduces over all nodes at once on two streams: the second waits for busy links."""
+    if gpu.rank % 4:
+        return
+    group = gpu.new_group(range(0, gpu.world_size, 4))  # one rank per node: the NICs carry it
+    first = gpu.all_reduce(256 << 20, group, async_op=True, stream="a")
+    second = gpu.all_reduce(256 << 20, group, async_op=True, stream="b") if gpu.args["both"] else None
+    first.wait()
+    if second is not None:
+        second.wait()
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_queueing_is_recorded_only_when_links_are_busy(both):
+    """A lone collective never waits for a link; two at once do, on the scale-out tier."""
+    config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=4, gpus=4)}, "")
+    topo = Topology(config.cluster)
+    recorder = Recorder()
+    run_inline(config, topo, 1, observer=recorder, program=contending_program, args={"both": both})
+    tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
+    snap = LiveState(tier_links).observe(1.0, *recorder.calls[-1][:3])
+    assert (sum(snap.tier_queueing_s[1:]) > 0) == both
+    assert (sum(snap.tier_queued_messages) > 0) == both
+    assert (sum(link[4] for link in snap.hot_links) > 0) == both
+
+
+@pytest.fixture(scope="module")
+def model_run():
+    """The 8-GPU Megatron 22B run (one iteration), observed at every round."""
+    config = load_run(ROOT / "configs" / "runs" / "megatron-22b-8gpu.yaml")
+    topo = Topology(config.cluster)
+    recorder = Recorder()
+    program, args = resolve_program(config)
+    layout, rank_shard = shard_layout(topo, 1, config)
+    shard = Shard(topo, layout[0], rank_shard, 0, program, config, args, (), fold_factor(config, topo))
+    # observed after every round (10 virtual ms), not every 0.5 s of wall time
+    result = drive(InlineTransport([shard], topo.world_size), topo.min_cross_node_latency_ns(), recorder, 0.0)
+    summary = summarize(result, topo, 1.0, "inline", 1)
+    summary.update(workload_summary(config, result, topo))
+    return SimpleNamespace(config=config, topo=topo, recorder=recorder, result=result, summary=summary)
+
+
+def test_work_plan_is_the_compute_charged(model_run):
+    """The plan's compute per iteration is exactly what the ranks were charged."""
+    plan = work_plan(model_run.config, model_run.topo)
+    final = model_run.recorder.calls[-1][2][0]
+    assert list(plan.stage_compute_ns) == final["stage_compute_ns"]
+
+
+def test_progress_moves_within_one_iteration(model_run):
+    """One iteration: progress grows round after round, the ETA is known before the end, and the
+    final MFU and tokens/s are the summary's."""
+    tiers = len(model_run.topo.tier_names)
+    state = LiveState([1] * tiers, 1, work_plan(model_run.config, model_run.topo))
+    snaps = [state.observe(1.0 + i, r, t, stats) for i, (r, t, stats) in enumerate(model_run.recorder.calls)]
+    progress = [s.run_progress for s in snaps]
+    assert progress == sorted(progress) and progress[-1] == pytest.approx(1.0)
+    middle = snaps[len(snaps) // 2]
+    assert 0 < middle.run_progress < 1 and middle.iteration_progress == middle.run_progress
+    assert math.isfinite(middle.eta_s) and middle.eta_s > 0
+    assert middle.busiest and middle.behind
+    assert snaps[-1].mfu == pytest.approx(model_run.summary["mfu"], rel=1e-3)
+    assert snaps[-1].tokens_per_s == pytest.approx(model_run.summary["tokens_per_s"], rel=1e-3)
+    assert 0 < max(snaps[-1].stage_memory_ratio) <= 1.0
+
+
+def test_compile_time_is_not_emulation_speed():
+    """The speed window restarts when shards stop compiling: the compile's wall time is not speed."""
+    state = LiveState([1])
+    stats = _stats(1e9, [[0, 4]], [])
+    state.observe(1.0, 1, 1e9, stats)
+    stats[0]["compiling"] = True
+    assert state.observe(2.0, 2, 1.1e9, stats).compiling
+    stats[0]["compiling"] = False
+    state.observe(30.0, 3, 1.2e9, stats)  # the engine waited 28 s for the compile
+    snap = state.observe(31.0, 4, 2.2e9, stats)
+    assert snap.speed_ratio == pytest.approx(1.0) and not snap.compiling
+
+
+def test_finish_reports_failed_and_interrupted_runs():
+    """finish() takes a failed run's summary (no sim_time_s), a partial result or nothing at all."""
+    config = from_dict(RunConfig, {"program": "x.py:f", "cluster": cluster_dict()}, "")
+    monitor = Monitor(config, run_id="r")
+    monitor.finish({"status": "failed", "error": "deadlock: rank 1 waits", "virtual_time_reached_s": 0.5}, None)
+    snap = monitor.snapshot
+    assert (snap.finished, snap.status, snap.error) == (True, "failed", "deadlock: rank 1 waits")
+    assert snap.virtual_time_s == 0.5 and math.isnan(snap.eta_s)
+    monitor = Monitor(config, run_id="r")
+    monitor.finish(None, None)
+    assert monitor.snapshot.status == "failed"
+    monitor = Monitor(config, run_id="r")
+    monitor.finish({"status": "interrupted", "error": "interrupted"})
+    assert monitor.snapshot.status == "interrupted"
+    monitor = Monitor(config, run_id="r")
+    monitor.finish({"sim_time_s": 2.0, "iteration_times_s": [1.0, 1.0]})
+    snap = monitor.snapshot
+    assert (snap.status, snap.run_progress, snap.iterations_done) == ("completed", 1.0, 2)
