@@ -13,9 +13,16 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from emulator.results.rundir import RunTables
+from emulator.results.tables import stage_memory_rows
 
 BREAKDOWN = (("compute_ns", "compute", "#4c72b0"), ("exposed_comm_ns", "exposed communication", "#dd8452"),
              ("bubble_ns", "pipeline bubble", "#c44e52"), ("idle_ns", "idle", "#bbbbbb"))  # fmt: skip
+# the right-hand panel of the breakdown: exposed communication per dimension, then the hidden part
+COMM_PARTS = (("exposed_tp_ns", "exposed: tensor parallel", "#ccb974"),
+              ("exposed_dp_ns", "exposed: data parallel", "#8172b3"),
+              ("other", "exposed: other streams", "#937860"),
+              ("overlapped_comm_ns", "overlapped with compute", "#55a868"))  # fmt: skip
+SPLIT_COLUMNS = ("exposed_tp_ns", "exposed_dp_ns")
 MAX_GROUPS = 32  # bars in the breakdown; more nodes are binned into consecutive ranges
 MAX_POINTS = 600  # time windows in the utilisation plot; finer buckets are averaged
 
@@ -102,7 +109,8 @@ def plot_link_utilisation(data: RunTables) -> Figure:
     window = f"{per * bucket_s * 1e3:.3g} ms windows" if bucket_s else "no traffic"
     ax.set_title(f"Link utilisation per tier over virtual time ({window})")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
+    if by_tier or sim_s:  # an empty legend is a matplotlib warning
+        ax.legend(fontsize="small")
     return fig
 
 
@@ -129,7 +137,7 @@ def plot_breakdown(data: RunTables) -> Figure:
     ys = list(range(len(groups)))
 
     def mean_ms(rows: list[dict], col: str) -> float:
-        return sum(r[col] for r in rows) / len(rows) / 1e6
+        return sum(r.get(col, 0) for r in rows) / len(rows) / 1e6
 
     offset = [0.0] * len(groups)
     for col, label, colour in BREAKDOWN:
@@ -142,10 +150,18 @@ def plot_breakdown(data: RunTables) -> Figure:
     left.set_xlabel("virtual time per rank (ms, mean over the group)")
     left.set_title("Where the time went")
 
-    exposed = [mean_ms(rows, "exposed_comm_ns") for _, rows in groups]
-    overlapped = [mean_ms(rows, "overlapped_comm_ns") for _, rows in groups]
-    right.barh(ys, exposed, color="#dd8452")
-    right.barh(ys, overlapped, left=exposed, color="#55a868", label="overlapped with compute")
+    # exposed communication per parallelism dimension (run directories from before the split have
+    # no exposed_tp_ns / exposed_dp_ns: all of it is then "other")
+    offset = [0.0] * len(groups)
+    for col, label, colour in COMM_PARTS:
+        if col == "other":
+            widths = [mean_ms(rows, "exposed_comm_ns") - sum(mean_ms(rows, c) for c in SPLIT_COLUMNS)
+                      for _, rows in groups]  # fmt: skip
+        else:
+            widths = [mean_ms(rows, col) for _, rows in groups]
+        if any(widths) or col == "overlapped_comm_ns":
+            right.barh(ys, widths, left=offset, color=colour, label=label)
+        offset = [a + b for a, b in zip(offset, widths, strict=True)]
     right.set_xlabel("communication time per rank (ms)")
     right.set_title("Communication: exposed vs overlapped")
     fig.legend(loc="outside lower center", ncol=5, fontsize="small")
@@ -163,4 +179,35 @@ def plot_busiest_links(data: RunTables, count: int = 20) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("busy time / run time (%)")
     ax.set_title(f"Busiest {len(rows)} links")
+    return fig
+
+
+def plot_memory_by_stage(data: RunTables) -> Figure:
+    """Peak memory per pipeline stage (largest over its ranks) against the GPU's HBM capacity, with
+    the workload's prediction (``emulator check``) where the run has one."""
+    rows = stage_memory_rows(data.ranks, data.summary)
+    gib = float(1 << 30)
+    fig = Figure(figsize=(12, 4), layout="constrained")
+    ax = fig.subplots()
+    xs = list(range(len(rows)))
+    ax.bar(xs, [r["peak_memory_bytes"] / gib for r in rows], color="#4c72b0", label="peak (emulated)")
+    predicted = [(x, r["predicted_peak_bytes"] / gib) for x, r in zip(xs, rows, strict=True)
+                 if r["predicted_peak_bytes"] is not None]  # fmt: skip
+    if predicted:
+        ax.scatter(*zip(*predicted, strict=True), marker="_", s=300, color="black", label="predicted (emulator check)")
+    capacity = [(x, r["capacity_bytes"] / gib) for x, r in zip(xs, rows, strict=True) if r["capacity_bytes"]]
+    if capacity:
+        cx, cy = zip(*capacity, strict=True)
+        # a step per stage spanning its bar (stages of a heterogeneous cluster may differ)
+        ax.step([x - 0.5 for x in cx] + [cx[-1] + 0.5], [*cy, cy[-1]], where="post", color="#c44e52",
+                label="GPU capacity")  # fmt: skip
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(r["stage"]) for r in rows], fontsize="small" if len(rows) > 24 else None)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB per GPU")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Peak memory per pipeline stage against GPU capacity")
+    if rows:
+        ax.legend(fontsize="small", loc="lower right")
     return fig

@@ -2,103 +2,256 @@
 
 emulator report runs/dp                     # runs/dp/report.html + runs/dp/report-*.png
 emulator report runs/dp --out /tmp/dp.html  # /tmp/dp.html + /tmp/dp-*.png
+
+The page is meant to be sent as it is: figures in human units, where the time went (communication
+split per parallelism dimension), memory per pipeline stage against the GPUs' capacity, the
+published measurement when the run is a validation case, and a link to the trace. A failed or
+interrupted run gets a page saying so, with whatever figures and tables it reached.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
 from pathlib import Path
 
 import yaml
 
+from emulator.results import units
+from emulator.results.published import published_rows
 from emulator.results.rundir import RunTables, read_run_dir
+from emulator.results.tables import comm_split_rows, stage_memory_rows
 
-HEADLINE = ("name", "world_size", "iterations", "iteration_time_s", "sim_time_s", "tokens_per_s", "mfu",
-            "model_tflops_per_gpu", "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes", "events",
-            "wall_time_s", "speed_ratio", "fingerprint")  # fmt: skip
+# (summary key, label, formatter) of the headline table, in this order; absent figures are left out
+HEADLINE = (
+    ("name", "run", str),
+    ("status", "status", str),
+    ("world_size", "GPUs", units.count),
+    ("iterations", "iterations", units.count),
+    ("iteration_time_s", "iteration time (mean)", units.duration_s),
+    ("sim_time_s", "virtual time", units.duration_s),
+    ("virtual_time_reached_s", "virtual time reached", units.duration_s),
+    ("tokens_per_s", "throughput", lambda v: f"{units.count(v)} tokens/s"),
+    ("mfu", "MFU (model FLOPs / peak)", units.percent),
+    ("model_tflops_per_gpu", "model TFLOP/s per GPU", lambda v: f"{v:.1f} TFLOP/s"),
+    ("hardware_tflops_per_gpu", "hardware TFLOP/s per GPU", lambda v: f"{v:.1f} TFLOP/s"),
+    ("bubble_fraction", "pipeline bubble (of the iteration)", units.percent),
+    ("exposed_comm_fraction", "exposed communication (of the iteration)", units.percent),
+    ("peak_memory_bytes", "peak memory (largest rank)", units.memory),
+    ("events", "engine events", units.count),
+    ("wall_time_s", "wall time", units.duration_s),
+    ("speed_ratio", "speed (virtual s per wall s)", lambda v: f"{v:.3g}x"),
+    ("fingerprint", "fingerprint", str),
+)
+
+# plots, in page order: (name, the table whose rows it draws; no rows, no plot)
+PLOTS = (("breakdown", "ranks"), ("memory", "ranks"), ("link-utilisation", "timeline"),
+         ("message-sizes", "histograms"), ("busiest-links", "links"))  # fmt: skip
 
 STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:1250px} table{border-collapse:collapse;margin:1em 0} "
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} img{max-width:100%} "
-    "pre{background:#f6f6f6;padding:1em}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} td.n{text-align:right} img{max-width:100%} "
+    "pre{background:#f6f6f6;padding:1em} .failed{background:#fde2e1;border:1px solid #c44e52;padding:1em} "
+    ".note{color:#555;font-size:90%}"
 )
 
 
 def render_figures(data: RunTables) -> dict[str, bytes]:
-    """PNG bytes of every plot, by name."""
+    """PNG bytes of every plot whose table has rows (a failed run may have none), by name."""
     import io
 
     # plots builds bare Figures, which render through Agg without selecting a GUI backend
     from emulator.results import plots
 
-    figures = {
-        "message-sizes": plots.plot_message_sizes(data),
-        "link-utilisation": plots.plot_link_utilisation(data),
-        "breakdown": plots.plot_breakdown(data),
-        "busiest-links": plots.plot_busiest_links(data),
+    makers = {
+        "breakdown": plots.plot_breakdown,
+        "memory": plots.plot_memory_by_stage,
+        "link-utilisation": plots.plot_link_utilisation,
+        "message-sizes": plots.plot_message_sizes,
+        "busiest-links": plots.plot_busiest_links,
     }
     out = {}
-    for name, fig in figures.items():
+    for name, table in PLOTS:
+        if not getattr(data, table) or (name == "busiest-links" and not any(r["bytes"] for r in data.links)):
+            continue
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=100)
+        makers[name](data).savefig(buf, format="png", dpi=100)
         out[name] = buf.getvalue()
     return out
 
 
-def _table(rows: list[list], header: list[str]) -> str:
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    """An HTML table of already formatted cells; cells that start with a digit are right-aligned."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+
+    def cell(text: str) -> str:
+        numeric = text.lstrip("+-")[:1].isdigit()
+        return f'<td class="n">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>"
+
+    body = "".join("<tr>" + "".join(cell(str(v)) for v in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+def _image(name: str, pngs: dict[str, bytes]) -> str:
+    png = pngs.get(name)
+    if png is None:
+        return ""
+    return f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _breakdown_rows(data: RunTables) -> list[list]:
+def _section(title: str, body: str) -> str:
+    return f"<h2>{html.escape(title)}</h2>\n{body}\n"
+
+
+def status_banner(summary: dict, has_tables: bool) -> str:
+    """The failure notice of a run that did not complete (empty for a completed one)."""
+    status = summary.get("status", "completed")
+    if status == "completed":
+        return ""
+    what = "was interrupted" if status == "interrupted" else "failed"
+    reached = summary.get("virtual_time_reached_s")
+    text = f"<strong>This run {what}</strong>"
+    if summary.get("error"):
+        text += f": {html.escape(str(summary['error']))}"
+    if reached is not None:
+        text += f". It reached {html.escape(units.duration_s(reached))} of virtual time"
+    if summary.get("lost_shard") is not None:
+        text += f"; shard {summary['lost_shard']} was lost (host {html.escape(str(summary.get('lost_shard_host')))})"
+    text += (". The figures below are what it reached." if has_tables
+             else ". It wrote no tables, so there are no plots; the figures below are all it recorded.")  # fmt: skip
+    return f'<p class="failed">{text}</p>'
+
+
+def headline_rows(summary: dict) -> list[list[str]]:
+    return [[label, fmt(summary[key])] for key, label, fmt in HEADLINE if summary.get(key) is not None]
+
+
+def published_section(data: RunTables) -> str:
+    rows = published_rows(data.config, data.summary)
+    if not rows:
+        return ""
+
+    def value(v: float, unit: str) -> str:
+        return units.percent(v) if unit == "" else f"{v:.4g} {unit}"
+
+    lines = "".join(
+        f"<p>{html.escape(r['figure'])}: published {value(r['published'], r['unit'])}, emulated "
+        f"{value(r['predicted'], r['unit'])}, error {r['error_pct']:+.1f}%</p>"
+        for r in rows
+    )
+    cells = [[r["figure"], value(r["published"], r["unit"]), value(r["predicted"], r["unit"]),
+              f"{r['error_pct']:+.1f}%"] for r in rows]  # fmt: skip
+    table = _table(cells, ["figure", "published", "emulated", "error"])
+    case, source = html.escape(rows[0]["case"]), html.escape(rows[0]["source"])
+    source = f'<p class="note">This run is the validation case "{case}" ({source}).</p>'
+    return _section("Published measurement", lines + table + source)
+
+
+def _ideal_bubble_note(config: dict) -> str:
+    """The schedule's own bubble, (p-1)/(v*m) of the compute time (Narayanan et al. 2021), for reading
+    the pipeline waits of a training run."""
+    parallel, training = config.get("parallel") or {}, config.get("training") or {}
+    p = parallel.get("pipeline") or 1
+    if p <= 1 or not config.get("model") or not training.get("micro_batch_size"):
+        return ""
+    v = parallel.get("virtual_stages") or 1
+    m = training["global_batch_size"] // (training["micro_batch_size"] * (parallel.get("data") or 1))
+    return (f'<p class="note">The schedule itself idles a stage (p-1)/(v*m) = ({p}-1)/({v}*{m}) = '
+            f"{units.percent((p - 1) / (v * m))} of its compute time (Narayanan et al. 2021); pipeline waits beyond "
+            "that are transfers between stages and imbalance.</p>")  # fmt: skip
+
+
+def time_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     ranks = data.ranks
     if not ranks:
-        return []
-    total = sum(r["compute_ns"] + r["exposed_comm_ns"] + r["bubble_ns"] + r["idle_ns"] for r in ranks) or 1
-    cols = ("compute_ns", "exposed_comm_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns")
-    return [[c.removesuffix("_ns"), sum(r[c] for r in ranks) / len(ranks) / 1e6,
-             sum(r[c] for r in ranks) / total] for c in cols]  # fmt: skip
+        return ""
+    n = len(ranks)
+    run_ns = sum(r["compute_ns"] + r["exposed_comm_ns"] + r["bubble_ns"] + r["idle_ns"] for r in ranks) / n or 1
+    parts = (("compute", "compute_ns"), ("exposed communication", "exposed_comm_ns"),
+             ("overlapped communication (hidden by compute)", "overlapped_comm_ns"),
+             ("pipeline bubble (waiting on pp.* streams)", "bubble_ns"), ("idle", "idle_ns"))  # fmt: skip
+    means = [(label, sum(r[c] for r in ranks) / n) for label, c in parts]
+    rows = [[label, units.duration_ns(ns), units.percent(ns / run_ns)] for label, ns in means]
+    split = [[r["part"], units.duration_ns(r["mean_ns"]), units.percent(r["fraction"])] for r in comm_split_rows(ranks)]
+    body = (_table(rows, ["part", "per rank (mean)", "of the run time"])
+            + "<h3>Communication the compute stream waited for, per parallelism dimension</h3>"
+            + _table(split, ["dimension (stream)", "per rank (mean)", "of the run time"])
+            + _ideal_bubble_note(data.config) + _image("breakdown", pngs))  # fmt: skip
+    return _section("Where the time went", body)
 
 
-def render_html(data: RunTables, pngs: dict[str, bytes]) -> str:
+def memory_section(data: RunTables, pngs: dict[str, bytes]) -> str:
+    rows = stage_memory_rows(data.ranks, data.summary)
+    if not rows:
+        return ""
+    cells = [[str(r["stage"]), r["gpu"], units.count(r["ranks"]), units.memory(r["peak_memory_bytes"]),
+              units.memory(r["predicted_peak_bytes"]), units.memory(r["capacity_bytes"]),
+              units.percent(r["fraction_of_capacity"])] for r in rows]  # fmt: skip
+    header = ["stage", "GPU", "ranks", "peak (emulated)", "predicted (emulator check)", "capacity", "of capacity"]
+    return _section("Memory per pipeline stage", _table(cells, header) + _image("memory", pngs))
+
+
+def traffic_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     s = data.summary
-    headline = [[k, s[k]] for k in HEADLINE if s.get(k) is not None]
-    tiers = [[t, b, s.get("messages_by_tier", {}).get(t), s.get("utilisation_by_tier", {}).get(t)]
-             for t, b in s.get("bytes_by_tier", {}).items()]  # fmt: skip
+    sim_s = s.get("sim_time_s") or 0.0
+    rows = [[t, units.traffic(b), units.count(s.get("messages_by_tier", {}).get(t)),
+             units.rate_GBps(b / sim_s) if sim_s else units.MISSING,
+             units.percent(s.get("utilisation_by_tier", {}).get(t))]
+            for t, b in s.get("bytes_by_tier", {}).items()]  # fmt: skip
+    if not rows:
+        return ""
+    header = ["tier", "bytes", "messages", "mean throughput", "link utilisation"]
+    body = _table(rows, header) + _image("link-utilisation", pngs)
+    if "message-sizes" in pngs:
+        body += "<h3>Message sizes</h3>" + _image("message-sizes", pngs)
+    return _section("Traffic per tier", body)
+
+
+def links_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     busiest = sorted((r for r in data.links if r["bytes"]), key=lambda r: (-r["utilisation"], r["link"]))[:10]
-    images = "".join(
-        f"<h2>{html.escape(name.replace('-', ' '))}</h2>"
-        f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        for name, png in pngs.items()
-    )
+    if not busiest:
+        return ""
+    rows = [[r["name"], r["tier"], r["src"], r["dst"], units.rate_GBps(r["bandwidth_GBps"] * 1e9),
+             units.traffic(r["bytes"]), units.percent(r["utilisation"]), units.duration_ns(r["peak_queue_ns"])]
+            for r in busiest]  # fmt: skip
+    header = ["link", "tier", "from", "to", "bandwidth", "bytes", "utilisation", "longest queueing"]
+    return _section("Busiest links", _table(rows, header) + _image("busiest-links", pngs))
+
+
+def trace_section(trace: Path | None, page: Path | None) -> str:
+    if trace is None or not trace.is_file():
+        return ""
+    href = os.path.relpath(trace, page.parent) if page is not None else str(trace)
+    size = units.traffic(trace.stat().st_size)
+    return _section("Trace", (
+        f'<p><a href="{html.escape(Path(href).as_posix())}">{html.escape(trace.name)}</a> ({size}): the traced '
+        "ranks' operations, one track per GPU stream, with waits and link utilisation. Open it in "
+        '<a href="https://ui.perfetto.dev">ui.perfetto.dev</a> ("Open trace file", or drop the file on the page) '
+        "or in chrome://tracing (Load); both read the file locally, nothing is uploaded.</p>"))  # fmt: skip
+
+
+def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = None, page: Path | None = None) -> str:
+    s = data.summary
+    has_tables = bool(data.ranks or data.links)
     title = html.escape(f"Run report: {s.get('name', '')}")
+    sections = [
+        status_banner(s, has_tables),
+        _section("Summary", _table(headline_rows(s), ["figure", "value"])),
+        published_section(data),
+        time_section(data, pngs),
+        memory_section(data, pngs),
+        traffic_section(data, pngs),
+        links_section(data, pngs),
+        trace_section(trace, page),
+        _section("Resolved config", f"<pre>{html.escape(yaml.safe_dump(data.config, sort_keys=False))}</pre>"),
+    ]
+    body = "".join(part for part in sections if part)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>{STYLE}</style>
 </head><body><h1>{title}</h1>
-{_table(headline, ["figure", "value"])}
-<h2>Traffic per tier</h2>{_table(tiers, ["tier", "bytes", "messages", "utilisation"])}
-<h2>Time per rank (mean)</h2>{_table(_breakdown_rows(data), ["part", "ms per rank", "fraction of run time"])}
-{images}
-<h2>Busiest links</h2>{
-        _table(
-            [
-                [r["name"], r["tier"], r["src"], r["dst"], r["bytes"], r["utilisation"], r["peak_queue_ns"]]
-                for r in busiest
-            ],
-            ["link", "tier", "from", "to", "bytes", "utilisation", "peak queue (ns)"],
-        )
-    }
-<h2>Resolved config</h2><pre>{html.escape(yaml.safe_dump(data.config, sort_keys=False))}</pre>
-</body></html>
+{body}</body></html>
 """
 
 
@@ -113,5 +266,5 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
         path = page.with_name(f"{page.stem}-{name}.png")
         path.write_bytes(png)
         paths.append(path)
-    page.write_text(render_html(data, pngs))
+    page.write_text(render_html(data, pngs, Path(run_dir) / "trace.json", page))
     return page, paths

@@ -21,14 +21,28 @@ BUBBLE_STREAM_PREFIX = "pp"
 LINK_COLUMNS = ("link", "name", "tier", "direction", "node", "src", "dst", "bandwidth_GBps", "bytes", "messages",
                 "busy_ns", "utilisation", "peak_queue_ns")  # fmt: skip
 RANK_COLUMNS = ("rank", "node", "gpu", "stage", "final_time_ns", "ops", "flops", "compute_ns", "comm_ns",
-                "exposed_comm_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns", "peak_memory_bytes",
-                "iterations")  # fmt: skip
+                "exposed_comm_ns", "exposed_tp_ns", "exposed_dp_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns",
+                "peak_memory_bytes", "iterations")  # fmt: skip
 HISTOGRAM_COLUMNS = ("by", "key", "bucket", "max_bytes", "label", "messages")
 TIMELINE_COLUMNS = ("tier", "bucket", "start_s", "end_s", "message_bytes", "link_bytes", "utilisation")
 
 
 def is_bubble_stream(stream: str) -> bool:
     return stream.startswith(BUBBLE_STREAM_PREFIX)
+
+
+def stream_dimension(stream: str) -> str:
+    """The parallelism dimension whose communication runs on ``stream``: the training workloads
+    (emulator/workloads/training.py) issue tensor-parallel collectives on ``tp``, data-parallel ones
+    (gradient buckets, weight gathers, tied embeddings) on ``dp`` and pipeline sends and receives on
+    ``pp.*``; any other stream (a user program's) is ``other``."""
+    if stream == "tp":
+        return "tensor"
+    if stream == "dp":
+        return "data"
+    if is_bubble_stream(stream):
+        return "pipeline"
+    return "other"
 
 
 def parse_rank_spec(spec: str | Iterable[int] | None, topo) -> list[int]:
@@ -116,11 +130,15 @@ def rank_rows(result: RunResult, topo, config=None) -> list[dict]:
         waits = r.wait_ns.get("compute", {})
         bubble = sum(ns for stream, ns in waits.items() if is_bubble_stream(stream))
         exposed = sum(ns for stream, ns in waits.items() if not is_bubble_stream(stream) and stream != "compute")
+        by_dim: dict[str, int] = {}
+        for stream, ns in waits.items():
+            by_dim[stream_dimension(stream)] = by_dim.get(stream_dimension(stream), 0) + ns
         rows.append({
             "rank": r.rank, "node": r.node, "gpu": topo.gpu_type(r.rank),
             "stage": pipeline_stage(r.rank, result.world_size, config), "final_time_ns": r.final_time_ns,
             "ops": r.ops, "flops": r.flops, "compute_ns": r.compute_ns, "comm_ns": r.comm_ns,
-            "exposed_comm_ns": exposed,
+            "exposed_comm_ns": exposed, "exposed_tp_ns": by_dim.get("tensor", 0),
+            "exposed_dp_ns": by_dim.get("data", 0),
             # communication running while the compute stream is busy; streams may overlap each other
             "overlapped_comm_ns": max(0, r.comm_ns - exposed), "bubble_ns": bubble,
             # compute on side streams can overlap the compute stream: never report negative idle time
@@ -182,4 +200,57 @@ def timeline_rows(result: RunResult, topo) -> list[dict]:
                 "link_bytes": link_bytes,
                 "utilisation": round(link_bytes / (cap[tier] * bucket_ns), 6) if cap[tier] else 0.0,
             })  # fmt: skip
+    return rows
+
+
+# The compute stream's waits per rank, by what it waited for: rows of (part, ranks.csv column).
+# Pipeline waits (bubble_ns) hold both the schedule's bubble and pipeline transfers that were not
+# hidden: the engine records which stream released a wait, not why that stream was late.
+COMM_SPLIT = (("tensor parallel (tp)", "exposed_tp_ns"), ("data parallel (dp)", "exposed_dp_ns"),
+              ("pipeline parallel (pp.*): bubble and transfers", "bubble_ns"))  # fmt: skip
+
+
+def comm_split_rows(ranks: list[dict]) -> list[dict]:
+    """Mean per rank of the compute stream's waits per parallelism dimension, in ns and as a fraction
+    of the rank's run time; ``other`` is exposed communication on any other stream (a user program's).
+    Run directories written before ``exposed_tp_ns``/``exposed_dp_ns`` existed count it all as other."""
+    if not ranks:
+        return []
+    n = len(ranks)
+    run_ns = sum(r["compute_ns"] + r["exposed_comm_ns"] + r["bubble_ns"] + r["idle_ns"] for r in ranks) / n
+    rows = [{"part": part, "column": col, "mean_ns": sum(r.get(col, 0) for r in ranks) / n} for part, col in COMM_SPLIT]
+    other = sum(r["exposed_comm_ns"] - r.get("exposed_tp_ns", 0) - r.get("exposed_dp_ns", 0) for r in ranks) / n
+    rows.insert(2, {"part": "other streams", "column": None, "mean_ns": other})
+    for row in rows:
+        row["fraction"] = row["mean_ns"] / run_ns if run_ns else 0.0
+    return rows
+
+
+def _capacity_bytes(gpu: str) -> int | None:
+    from emulator.hardware.gpus import get_gpu
+
+    try:
+        return get_gpu(gpu).hbm_bytes
+    except ConfigError:  # a GPU type registered by the program that wrote the run, not known here
+        return None
+
+
+def stage_memory_rows(ranks: list[dict], summary: dict) -> list[dict]:
+    """Per pipeline stage: the largest peak over its ranks, the workload's prediction (when the run
+    has one, ``emulator check``'s figure) and the HBM capacity of its smallest GPU."""
+    stages: dict[int, list[dict]] = {}
+    for r in ranks:
+        stages.setdefault(int(r["stage"]), []).append(r)
+    predicted = summary.get("predicted_peak_memory_bytes_by_stage") or {}
+    rows = []
+    for stage, members in sorted(stages.items()):
+        gpus = sorted({str(r["gpu"]) for r in members})
+        capacities = [c for c in map(_capacity_bytes, gpus) if c is not None]
+        capacity = min(capacities) if capacities else None
+        peak = max(r["peak_memory_bytes"] for r in members)
+        rows.append({
+            "stage": stage, "gpu": ", ".join(gpus), "ranks": len(members), "peak_memory_bytes": peak,
+            "predicted_peak_bytes": predicted.get(str(stage)), "capacity_bytes": capacity,
+            "fraction_of_capacity": peak / capacity if capacity else None,
+        })  # fmt: skip
     return rows

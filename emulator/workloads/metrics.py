@@ -1,4 +1,5 @@
-"""Training figures of a run: throughput, TFLOP/s per GPU, MFU, bubble, exposed communication.
+"""Training figures of a run: throughput, TFLOP/s per GPU, MFU, bubble, exposed communication
+(also per parallelism dimension).
 
 Model FLOPs count the forward pass of every layer and the logits, times 3 for forward + backward
 (for GPT this equals Korthikanti et al. 2022's ``72*B*L*s*h^2*(1 + s/(6h) + V/(12*h*L))``);
@@ -9,6 +10,7 @@ FLOP rate by the cluster's peak dense rate at the run's precision.
 from __future__ import annotations
 
 from emulator.hardware.gpus import get_gpu
+from emulator.results.tables import stream_dimension
 from emulator.summary import iteration_times_ns
 from emulator.workloads.layout import layout_of
 from emulator.workloads.memory import stage_memory
@@ -38,11 +40,16 @@ def workload_summary(config, result, topo) -> dict:
     # pipeline's; bubble: every other moment of the iteration the compute stream is idle (waiting on
     # a pipeline neighbour, or done early and waiting for the slowest stage to end the iteration)
     bubble = exposed = 0
+    by_dimension = {"tensor": 0, "data": 0, "pipeline": 0}
     for r in result.ranks:
         waits = r.wait_ns.get("compute", {})
         rank_exposed = sum(ns for stream, ns in waits.items() if not stream.startswith(PIPELINE_PREFIX))
         exposed += rank_exposed
         bubble += max(0, span_ns - r.compute_ns - rank_exposed)
+        for stream, ns in waits.items():
+            dimension = stream_dimension(stream)
+            if dimension in by_dimension:
+                by_dimension[dimension] += ns
     layout = layout_of(config)
     per_stage_peak: dict[int, int] = {}
     for r in result.ranks:
@@ -56,6 +63,9 @@ def workload_summary(config, result, topo) -> dict:
         "mfu": model_flops / iteration_s / peak,
         "bubble_fraction": bubble / world / span_ns,
         "exposed_comm_fraction": exposed / world / span_ns,
+        # the compute stream waiting on each dimension's streams; tensor + data is the exposed
+        # communication, pipeline (waits on pp.*: transfers and the schedule's bubble) is part of bubble
+        "wait_fraction_by_dimension": {d: ns / world / span_ns for d, ns in by_dimension.items()},
         "peak_memory_bytes_by_stage": {str(s): v for s, v in sorted(per_stage_peak.items())},
         "predicted_peak_memory_bytes_by_stage": {
             str(s): stage_memory(config, s).peak_bytes for s in range(config.parallel.pipeline)

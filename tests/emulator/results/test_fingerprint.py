@@ -1,0 +1,90 @@
+"""The fingerprint covers every result figure: equal for a rerun and any shard count, different
+whenever any recorded figure differs (ZeRO-1 vs ZeRO-2 differ in memory only)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import emulator
+from emulator.summary import RankResult, RunResult, fingerprint
+from tests.conftest import CONFIGS
+from tests.emulator.results.conftest import GPT175B, GPT175B_SMALL
+
+BLOOM = str(CONFIGS / "runs" / "bloom-560m-zero2.yaml")
+# one microbatch per data-parallel rank and one iteration: the same traffic in a few seconds
+BLOOM_SMALL = {"training.global_batch_size": 128, "training.iterations": 1}
+
+
+def test_zero1_and_zero2_differ_although_their_traffic_is_the_same():
+    """ZeRO-1 and ZeRO-2 run the same collectives at the same times; only memory differs, which the
+    fingerprint covers."""
+    z1 = emulator.run(BLOOM, overrides={**BLOOM_SMALL, "parallel.zero_stage": 1}, trace_ranks="none")
+    z2 = emulator.run(BLOOM, overrides={**BLOOM_SMALL, "parallel.zero_stage": 2}, trace_ranks="none")
+    for key in ("iteration_time_s", "sim_time_s", "bytes_by_tier", "messages_by_tier", "message_size_histogram"):
+        assert z1.summary[key] == z2.summary[key], key
+    assert z1.summary["peak_memory_bytes"] > z2.summary["peak_memory_bytes"]
+    assert z1.fingerprint != z2.fingerprint
+
+
+@pytest.mark.parametrize("run_file, overrides", [(BLOOM, BLOOM_SMALL), (GPT175B, GPT175B_SMALL)], ids=["zero2", "3d"])
+def test_rerun_and_shard_counts_agree(run_file, overrides):
+    """A run, its rerun and the same run on 2 and 4 in-process shards have one fingerprint."""
+    runs = [emulator.run(run_file, overrides=overrides, shards=s, trace_ranks="none") for s in (1, 1, 2, 4)]
+    assert len({r.fingerprint for r in runs}) == 1, [r.fingerprint for r in runs]
+    assert runs[3].summary["cross_shard_messages"] > 0  # the shards did talk to each other
+
+
+def _result() -> RunResult:
+    ranks = [RankResult(rank=r, node=r // 2, final_time_ns=1000 + r, ops=10, compute_ns=600, comm_ns=300,
+                        peak_memory_bytes=1 << 30, marks_ns=[500, 1000], wait_ns={"compute": {"tp": 40, "pp.recv": 7}},
+                        flops=1.5e12) for r in range(4)]  # fmt: skip
+    return RunResult(world_size=4, ranks=ranks, links={0: (4096, 20, 2, 3), 5: (1024, 8, 1, 0)},
+                     tier_bytes=[4096, 1024], tier_messages=[2, 1], size_hist=[{12: 2}, {10: 1}], events=99,
+                     rounds=3, cross_shard_messages=1, kind_hist={"all_reduce": {12: 2}, "send": {10: 1}},
+                     timeline=[{0: 4096}, {0: 1024}], bucket_ns=1000,
+                     traces={0: [("compute", "fwd", "compute", 0, 600)]}, extra={"shard_busy_s": [0.1]})  # fmt: skip
+
+
+# one change of each recorded figure: (what, how to change the result)
+CHANGES = {
+    "final time": lambda r: setattr(r.ranks[1], "final_time_ns", 1002),
+    "ops": lambda r: setattr(r.ranks[0], "ops", 11),
+    "compute time": lambda r: setattr(r.ranks[0], "compute_ns", 601),
+    "comm time": lambda r: setattr(r.ranks[0], "comm_ns", 301),
+    "peak memory": lambda r: setattr(r.ranks[3], "peak_memory_bytes", (1 << 30) - 1),
+    "iteration marks": lambda r: setattr(r.ranks[2], "marks_ns", [501, 1000]),
+    "wait time": lambda r: r.ranks[0].wait_ns["compute"].update(tp=41),
+    "wait stream": lambda r: r.ranks[0].wait_ns["compute"].update(dp=r.ranks[0].wait_ns["compute"].pop("tp")),
+    "flops": lambda r: setattr(r.ranks[0], "flops", 1.5e12 + 1),
+    "link bytes": lambda r: r.links.update({0: (4097, 20, 2, 3)}),
+    "link busy": lambda r: r.links.update({0: (4096, 21, 2, 3)}),
+    "link messages": lambda r: r.links.update({0: (4096, 20, 3, 3)}),
+    "link queueing": lambda r: r.links.update({0: (4096, 20, 2, 4)}),
+    "tier bytes": lambda r: r.tier_bytes.__setitem__(1, 1025),
+    "tier messages": lambda r: r.tier_messages.__setitem__(1, 2),
+    "size histogram": lambda r: r.size_hist[0].update({12: 1, 11: 1}),
+    "kind histogram": lambda r: r.kind_hist.update({"all_gather": r.kind_hist.pop("all_reduce")}),
+    "timeline": lambda r: r.timeline[0].update({0: 2048, 1: 2048}),
+    "timeline bucket": lambda r: setattr(r, "bucket_ns", 2000),
+}
+
+
+@pytest.mark.parametrize("what", CHANGES)
+def test_every_recorded_figure_changes_the_fingerprint(what):
+    """Changing any one result figure changes the fingerprint."""
+    changed = _result()
+    CHANGES[what](changed)
+    assert fingerprint(changed) != fingerprint(_result())
+
+
+def test_how_the_run_was_emulated_is_not_a_result():
+    """Events, rounds, cross-shard messages, traces, wall-clock extras and dict order leave it as is."""
+    other = _result()
+    other.events, other.rounds, other.cross_shard_messages = 5, 40, 17
+    other.traces, other.extra = {}, {"shard_busy_s": [9.0, 9.0]}
+    other.links = dict(reversed(list(other.links.items())))  # shards merge in any order
+    other.kind_hist = dict(reversed(list(other.kind_hist.items())))
+    assert fingerprint(other) == fingerprint(_result())
+    assert fingerprint(copy.deepcopy(other)) == fingerprint(other)
