@@ -15,7 +15,8 @@ HEADLINE = ("iteration_time_s", "sim_time_s", "tokens_per_s", "mfu", "model_tflo
             "exposed_comm_fraction", "peak_memory_bytes", "fingerprint")  # fmt: skip
 # wall-clock figures differ between any two runs: reported apart so they do not hide real changes
 WALL_CLOCK = ("wall_time_s", "speed_ratio", "events_per_s")
-BREAKDOWN = ("compute_ns", "comm_ns", "exposed_comm_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns")
+BREAKDOWN = ("compute_ns", "comm_ns", "exposed_comm_ns", "exposed_tp_ns", "exposed_dp_ns", "overlapped_comm_ns",
+             "bubble_ns", "idle_ns")  # fmt: skip
 
 
 def flatten(value, prefix: str = "") -> dict:
@@ -37,7 +38,8 @@ def result_figures(data: RunTables) -> dict:
     figures = flatten(data.summary)
     if data.ranks:
         for col in BREAKDOWN:
-            figures[f"ranks.mean.{col}"] = round(sum(r[col] for r in data.ranks) / len(data.ranks))
+            if col in data.ranks[0]:  # run directories from before a column existed lack it
+                figures[f"ranks.mean.{col}"] = round(sum(r[col] for r in data.ranks) / len(data.ranks))
     for row in data.links:
         for col in ("utilisation", "peak_queue_ns"):
             key = f"links.max_{col}.{row['tier']}"

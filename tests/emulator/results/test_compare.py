@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from emulator.cli import main
-from emulator.results.compare import compare, flatten
+from emulator.results.compare import compare, flatten, result_figures
+from emulator.results.rundir import read_run_dir
 from tests.emulator.results.conftest import DP, DP_SMALL, cli_run
 
 
@@ -42,3 +43,15 @@ def test_compare_a_run_with_itself(dp_dir):
 def test_flatten():
     """Nested dicts and lists flatten to dotted keys."""
     assert flatten({"a": {"b": [1, {"c": 2}]}, "d": None}) == {"a.b.0": 1, "a.b.1.c": 2, "d": None}
+
+
+def test_per_dimension_means_and_older_run_directories(gpt_dir):
+    """The per-rank means include the tensor and data-parallel waits; a run directory written before
+    those columns existed compares without them."""
+    data = read_run_dir(gpt_dir)
+    figures = result_figures(data)
+    assert figures["ranks.mean.exposed_tp_ns"] > 0 and "ranks.mean.exposed_dp_ns" in figures
+    data.ranks = [{k: v for k, v in r.items() if k not in ("exposed_tp_ns", "exposed_dp_ns")} for r in data.ranks]
+    older = result_figures(data)
+    assert "ranks.mean.exposed_tp_ns" not in older
+    assert older["ranks.mean.compute_ns"] == figures["ranks.mean.compute_ns"]
