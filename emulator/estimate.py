@@ -1,0 +1,305 @@
+"""Closed-form iteration time of the built-in training workload: about a millisecond a config, no events.
+
+    python -c "from emulator.api import load_config; from emulator.estimate import estimate; \
+print(estimate(load_config('configs/runs/megatron-22b-8gpu.yaml')))"
+
+The planner (emulator/plan.py) ranks thousands of parallelisations with this estimate and emulates
+only the best few. It reads the same descriptions the emulation runs, so that the two can only
+differ in how events interleave, never in what is computed or sent:
+
+- compute: the fused segments of emulator/workloads/segments.py (the layer op lists of
+  layer_costs.py through the roofline of emulator/hardware/compute.py), per GPU type;
+- tensor-parallel collectives: the closed form the engine itself uses for groups inside one node
+  (netmodel/collectives/analytic.py), with Megatron's overlap of the input-gradient reduction as
+  the segments mark it (:func:`segments_time_ns`);
+- data-parallel reduction and ZeRO gathers: a ring over the data-parallel group, one tier per
+  call, with NCCL-style channels across nodes as netmodel/collectives/ring.py builds them
+  (:func:`ring_collective_ns`), bucketed and overlapped with the last microbatch's backward as
+  emulator/workloads/training.py launches them (:func:`data_parallel_tail_ns`);
+- the pipeline: Narayanan et al. 2021 (section 2.2): ``(m*v + p - 1)`` chunk slots for ``m``
+  microbatches, ``p`` stages and ``v`` chunks per stage, i.e. a bubble of ``(p-1)/v`` stage times,
+  generalised to unequal stages (:func:`pipeline_ns`), plus the activation sends of the fill and
+  the drain;
+- memory: emulator/workloads/memory.py, the model the emulation allocates by.
+
+What it leaves out (where the emulation can differ): contention between concurrent flows on one
+link (pipeline sends against data-parallel rings, tensor-parallel collectives against ZeRO gathers
+on the same NVLink ports), non-ring algorithms set per tier (timed as rings here), and the
+interleaving of the pipeline's drain with the data-parallel buckets beyond the model of
+:func:`data_parallel_tail_ns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.hardware.gpus import get_gpu
+from emulator.workloads import layer_costs as lc
+from emulator.workloads.layout import layout_of
+from emulator.workloads.memory import gpu_type_of_rank, layers_of_stage, params_on_rank, stage_memory
+from emulator.workloads.metrics import model_flops_per_iteration
+from emulator.workloads.segments import BYTES_PER_ELEMENT, layer_shape, model_segments, to_segments
+from netmodel.collectives.analytic import closed_form
+from netmodel.collectives.base import CollectiveCall, ceil_div
+from netmodel.collectives.ring import MAX_CHANNELS
+from netmodel.topology import Topology
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimated figures of one config (times of one iteration, in seconds)."""
+
+    iteration_time_s: float
+    compute_s: float  # the busiest stage's compute over the iteration (recomputation included)
+    bubble_s: float  # pipeline fill and drain, activation sends included
+    exposed_comm_s: float  # tensor-parallel waits, ZeRO-3 gathers and the data-parallel tail
+    peak_memory_bytes: int  # largest stage peak (emulator/workloads/memory.py)
+    fits: bool  # every stage's peak within its GPUs' memory
+    mfu: float
+
+
+def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
+    """(elapsed, compute) ns of one pass over fused segments on the compute stream.
+
+    Mirrors emulator/workloads/training.launch_segments: a compute segment runs for its duration; a
+    collective (``collective_ns(op, size_bytes)``) is waited for at once, unless it is marked
+    overlapped, then it runs beside the next compute segment and the ``"w"`` segment waits for it.
+    """
+    now = compute = 0
+    pending_end = None
+    for seg in segments:
+        kind = seg[0]
+        if kind == "c":
+            now += seg[2]
+            compute += seg[2]
+        elif kind == "m":
+            duration = collective_ns(seg[2], seg[3])
+            if seg[4]:
+                pending_end = now + duration  # launched after the compute before it
+            else:
+                now += duration
+        elif pending_end is not None:
+            now = max(now, pending_end)
+            pending_end = None
+    return now, compute
+
+
+def ring_collective_ns(topo: Topology, op: str, size_bytes: int, ranks: tuple[int, ...]) -> int:
+    """Uncontended time of a ring all-reduce / reduce-scatter / all-gather over ``ranks``.
+
+    Inside one node: the engine's own closed form (netmodel/collectives/analytic.py), exact.
+    Across nodes: netmodel/collectives/ring.py splits the data over ``C = min(NICs, members per
+    node)`` rings that leave each node through different NICs; a step moves ``size / (C * n)``
+    bytes per ring and is bound by the node-crossing edge (latency of the tier plus the chunk over
+    the NIC's share of the path) or by the scale-up port, which carries the node-internal edges of
+    every ring: ``C * (k-1)/k`` chunks per member and step for ``k`` members per node.
+    """
+    n = len(ranks)
+    if n <= 1 or size_bytes <= 0:
+        return 0
+    nodes = [topo.rank_node[r] for r in ranks]
+    first_node = nodes[0]
+    su_ports = [topo.su_tx[r] for r in ranks]
+    su_bw = min(topo.link_bw[link] for link in su_ports)
+    if all(node == first_node for node in nodes):
+        call = CollectiveCall(op, size_bytes, ranks, 0)
+        return closed_form("ring", call, su_bw, topo.su_latency_ns[first_node])[0]
+    per_node = n // len(set(nodes))
+    contiguous = all(nodes[i] == nodes[i - 1] or nodes[i] not in nodes[:i] for i in range(1, n))
+    channels = 1
+    if per_node > 1 and contiguous:
+        nics = min(len(topo.nic_tx[node]) for node in set(nodes))
+        channels = max(1, min(nics, per_node, MAX_CHANNELS))
+    # the slowest node-crossing edge of the ring order
+    crossing = [(ranks[i], ranks[(i + 1) % n]) for i in range(n) if nodes[i] != nodes[(i + 1) % n]]
+    routes = [topo.route(a, b) for a, b in crossing[:64]]  # rings repeat their edges; 64 tell the story
+    bw = min(min(r.up_bw, r.down_bw) for r in routes)
+    latency = max(r.latency_ns for r in routes)
+    chunk = ceil_div(ceil_div(size_bytes, channels), n)
+    step = max(chunk / bw, channels * (per_node - 1) / per_node * chunk / su_bw) if per_node > 1 else chunk / bw
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    return int(steps * (latency + step))
+
+
+def p2p_ns(topo: Topology, src: int, dst: int, size_bytes: int) -> int:
+    """One uncontended message: ``latency + size / (bandwidth * efficiency)`` on its route."""
+    route = topo.route(src, dst)
+    return int(route.latency_ns + size_bytes / min(route.up_bw, route.down_bw))
+
+
+def pipeline_ns(chunk_ns_by_stage: list[int], micro: int, chunks: int) -> int:
+    """Fill, steady state and drain of 1F1B / GPipe / interleaved 1F1B, without communication.
+
+    Narayanan et al. 2021 (section 2.2): with ``m`` microbatches of ``p`` equal stages of ``v``
+    chunks each taking ``c`` (forward + backward), an iteration lasts ``(m*v + p - 1) * c``, a
+    bubble of ``(p-1)/v`` stage times. With unequal stages the first microbatch still crosses every
+    stage once and the others follow at the pace of the slowest: ``(m*v - 1) * max(c_s) + sum(c_s)``,
+    which is the formula above for equal stages.
+    """
+    return (micro * chunks - 1) * max(chunk_ns_by_stage) + sum(chunk_ns_by_stage)
+
+
+def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns: int, chunks: int, stages: int,
+                          grad_bytes_per_layer: int, bucket_bytes: int, bucket_ns) -> int:  # fmt: skip
+    """Gradient reduction still running when a stage's last backward ends (exposed, in ns).
+
+    emulator/workloads/training.py reduces gradients during each chunk's backward of the last
+    microbatch: a bucket (``bucket_ns(size)``) is launched on the ``dp`` stream (one at a time) as
+    soon as a layer's gradients fill it, the rest at the end of the chunk. Chunk ``c``'s last
+    backward ends ``c * stages`` backward slots before the stage's last one (interleaved 1F1B drains
+    chunk by chunk); the tail is what the ``dp`` stream has left when the last backward ends.
+    """
+    end = chunks * stages * chunk_backward_ns  # a time origin before every chunk's last backward
+    dp_free = 0
+    for chunk in reversed(range(chunks)):
+        start = end - chunk * stages * chunk_backward_ns - chunk_backward_ns
+        t, accumulated = start, 0
+        for _ in range(layers):
+            t += layer_backward_ns
+            accumulated += grad_bytes_per_layer
+            if accumulated >= bucket_bytes:
+                dp_free = max(dp_free, t) + bucket_ns(accumulated)
+                accumulated = 0
+        if accumulated:
+            dp_free = max(dp_free, start + chunk_backward_ns) + bucket_ns(accumulated)
+    return max(0, dp_free - end)
+
+
+def zero3_pass_ns(layer_ns: int, gather_ns: int, layers: int) -> int:
+    """Layers whose weights ZeRO-3 all-gathers one layer ahead (training.zero3_gathers): the first
+    gather is exposed, then each layer takes the longer of its compute and the next gather."""
+    if layers == 0:
+        return 0
+    return gather_ns + (layers - 1) * max(layer_ns, gather_ns) + layer_ns
+
+
+class Estimator:
+    """Estimates configs of one cluster; caches what candidates share (segments, collectives).
+
+    ``topo``: the cluster's Topology, built once for every candidate of a plan.
+    """
+
+    def __init__(self, topo: Topology):
+        self.topo = topo
+        self._segments: dict = {}
+        self._collectives: dict = {}
+
+    def segments(self, config, gpu_name: str):
+        shape = layer_shape(config)
+        t = config.training
+        key = (shape, t.recompute, t.precision, config.model.vocab_size, gpu_name)
+        segs = self._segments.get(key)
+        if segs is None:
+            segs = self._segments[key] = model_segments(config, get_gpu(gpu_name))
+        return segs
+
+    def collective_ns(self, op: str, size_bytes: int, ranks: tuple[int, ...]) -> int:
+        key = (op, size_bytes, ranks)
+        ns = self._collectives.get(key)
+        if ns is None:
+            ns = self._collectives[key] = ring_collective_ns(self.topo, op, size_bytes, ranks)
+        return ns
+
+    def estimate(self, config) -> Estimate:
+        """The estimated iteration of a validated RunConfig with a model (see the module docstring)."""
+        p, t, m = config.parallel, config.training, config.model
+        layout = layout_of(config)
+        stages, chunks = p.pipeline, p.virtual_stages
+        micro = t.global_batch_size // (t.micro_batch_size * p.data)
+        elem = BYTES_PER_ELEMENT[t.precision]
+        shape = layer_shape(config)
+        tp_group = layout.tensor_group(0)
+        grad_bytes = lc.layer_params_per_rank(shape) * (2 if t.precision == "fp16" else 4)
+        weight_bytes = lc.layer_params_per_rank(shape) * (4 if t.precision == "fp32" else 2)
+        bucket_bytes = int(p.bucket_size_mb * MiB)
+        p2p_bytes = t.micro_batch_size * t.seq_length * m.hidden_size * elem // p.tensor
+
+        def tp_ns(op: str, size_bytes: int) -> int:
+            return self.collective_ns(op, size_bytes, tp_group)
+
+        chunk_ns: list[int] = []  # forward + backward of one microbatch through one chunk, per stage
+        backward_chunk_ns: list[int] = []
+        compute_ns: list[int] = []  # per stage, per iteration
+        exposed_ns: list[int] = []  # per stage, per iteration: TP waits and ZeRO-3 gathers
+        tails: list[int] = []  # per stage: from its last backward's end to the iteration's end
+        memory = [stage_memory(config, s) for s in range(stages)]
+        for s in range(stages):
+            first_rank = layout.rank(0, 0, s)
+            gpu_name = gpu_type_of_rank(config.cluster, first_rank)
+            segs = self.segments(config, gpu_name)
+            dp_group = layout.data_group(first_rank)
+            layers = layers_of_stage(config, s)
+            fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
+            bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns)
+            gather = self.collective_ns("all_gather", weight_bytes * p.data, dp_group) if p.zero_stage >= 3 else 0
+            stage_fwd = zero3_pass_ns(fwd, gather, layers) if gather else fwd * layers
+            stage_bwd = zero3_pass_ns(bwd, gather, layers) if gather else bwd * layers
+            stage_c = (fwd_c + bwd_c) * layers * chunks
+            extra = extra_c = 0
+            if s == 0:
+                for part in (segs.embedding_forward, segs.embedding_backward):
+                    ns, c = segments_time_ns(part, tp_ns)
+                    extra, extra_c = extra + ns, extra_c + c
+            if s == stages - 1:
+                for part in (segs.logits_forward, segs.logits_backward):
+                    ns, c = segments_time_ns(part, tp_ns)
+                    extra, extra_c = extra + ns, extra_c + c
+            per_micro = (stage_fwd + stage_bwd) * chunks + extra
+            chunk_ns.append(per_micro // chunks)
+            backward_chunk_ns.append(stage_bwd)
+            compute_ns.append((stage_c + extra_c) * micro)
+            exposed_ns.append((per_micro - stage_c - extra_c) * micro)
+
+            def bucket_ns(size: int, dp_group=dp_group) -> int:
+                return self.collective_ns("reduce_scatter" if p.zero_stage >= 1 else "all_reduce", size, dp_group)
+
+            tail = 0
+            if p.data > 1:
+                layer_bwd = max(bwd, gather) if gather else bwd
+                tail += data_parallel_tail_ns(layer_bwd, layers, stage_bwd, chunks, stages, grad_bytes,
+                                              bucket_bytes, bucket_ns)  # fmt: skip
+            if stages > 1 and m.tie_embeddings and s in (0, stages - 1):
+                vocab_bytes = -(-m.vocab_size // p.tensor) * m.hidden_size * 4
+                tail += self.collective_ns("all_reduce", vocab_bytes, layout.embedding_group(first_rank))
+            shard = params_on_rank(config, s) // (p.data if p.zero_stage >= 1 else 1)
+            optimizer = to_segments(lc.optimizer_step_ops(shard, t.precision), get_gpu(gpu_name), t.precision)
+            tail += sum(seg[2] for seg in optimizer if seg[0] == "c")
+            if p.zero_stage in (1, 2) and p.data > 1:
+                tail += self.collective_ns("all_gather", params_on_rank(config, s) * elem, dp_group)
+            tails.append(tail)
+
+        # activation / gradient sends between neighbouring stages: once per hop in the fill and the
+        # drain; in the steady state of 1F1B they hide behind the other direction's compute
+        hops = [p2p_ns(self.topo, layout.rank(0, 0, s), layout.rank(0, 0, s + 1), p2p_bytes) for s in range(stages - 1)]
+        last_backward_end = pipeline_ns(chunk_ns, micro, chunks) + 2 * sum(hops)
+        # stage s ends its last backward before stage 0 by the backwards (and sends) of stages < s
+        ends = []
+        ahead = 0
+        for s in range(stages):
+            ends.append(last_backward_end - ahead + tails[s])
+            ahead += backward_chunk_ns[s] + (hops[s] if s < stages - 1 else 0)
+        iteration_ns = max(ends)
+        busiest = max(range(stages), key=lambda s: compute_ns[s])
+        exposed = exposed_ns[busiest] + tails[busiest]
+        bubble = max(0, iteration_ns - compute_ns[busiest] - exposed)
+        peak = max(sm.peak_bytes for sm in memory)
+        fits = all(sm.capacity_bytes and sm.peak_bytes <= sm.capacity_bytes for sm in memory)
+        peak_flops = sum(get_gpu(g.gpu).peak_flops_per_s[t.precision] * g.nodes * g.gpus_per_node
+                         for g in config.cluster.groups())  # fmt: skip
+        iteration_s = iteration_ns / 1e9
+        return Estimate(
+            iteration_time_s=iteration_s,
+            compute_s=compute_ns[busiest] / 1e9,
+            bubble_s=bubble / 1e9,
+            exposed_comm_s=exposed / 1e9,
+            peak_memory_bytes=peak,
+            fits=fits,
+            mfu=model_flops_per_iteration(config) / iteration_s / peak_flops if iteration_s > 0 else 0.0,
+        )
+
+
+def estimate(config, topo: Topology | None = None) -> Estimate:
+    """The estimate of one validated RunConfig (builds the cluster's Topology unless given)."""
+    return Estimator(topo or Topology(config.cluster)).estimate(config)

@@ -1,0 +1,308 @@
+"""``emulator plan RUN.yaml``: search the parallelisations of a run, emulate the most promising.
+
+    emulator plan configs/runs/megatron-22b-8gpu.yaml --top 3 --out runs/plan-22b
+
+From the run file's model, cluster and training batch (global batch, sequence length, precision),
+:func:`enumerate_candidates` lists every valid combination of tensor parallelism (inside a node,
+dividing the heads), pipeline stages (dividing the layers evenly), data parallelism (the rest of the
+world), virtual stages (interleaved 1F1B), micro-batch size, sequence parallelism, recomputation,
+ZeRO stage and schedule - at most :data:`MAX_CANDIDATES`. Each gets the memory model of the
+emulation (emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form
+estimate of emulator/estimate.py; the ``--top`` fastest that fit are emulated side by side with
+the sweep machinery (emulator/sweep.py). ``DIR/plan.csv`` has one row per candidate,
+``DIR/emulated/`` the sweep of the emulated ones, ``DIR/best.yaml`` the run file of the best plan
+(the best emulated one; the best estimated one when none was emulated), ready for ``emulator run``.
+
+Uneven pipeline partitions (``parallel.pipeline_layers``) are not searched: a base run that has
+them is planned with even partitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import itertools
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import ConfigError
+from emulator.estimate import Estimate, Estimator
+from emulator.sweep import _number  # the sweep's reading of a CSV figure (None when absent)
+
+MAX_CANDIDATES = 100_000  # the enumeration stops here (and says so)
+MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large models do not fit anyway
+MAX_VIRTUAL_STAGES = 8
+RECOMPUTE = ("none", "selective", "full")
+# the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
+KNOBS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
+         "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage", "training.micro_batch_size",
+         "training.recompute")  # fmt: skip
+SHORT = {"parallel.tensor": "tp", "parallel.pipeline": "pp", "parallel.data": "dp", "parallel.virtual_stages": "v",
+         "parallel.schedule": "schedule", "parallel.sequence_parallel": "sp", "parallel.zero_stage": "zero",
+         "training.micro_batch_size": "mbs", "training.recompute": "recompute"}  # fmt: skip
+
+
+@dataclass
+class Candidate:
+    """One parallelisation: its knobs (``--set`` key paths), resolved config and estimate."""
+
+    knobs: dict[str, Any]
+    config: Any
+    estimate: Estimate | None = None
+    rank: int | None = None  # position among the fitting candidates, by estimated time (1 = fastest)
+    emulated: dict = field(default_factory=dict)  # the sweep's row, when emulated
+
+    def overrides(self) -> dict[str, Any]:
+        """The knobs as sweep overrides; an uneven partition of the base run is dropped."""
+        points = dict(self.knobs)
+        points["parallel.pipeline_layers"] = None
+        return points
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_candidates(base, limit: int = MAX_CANDIDATES) -> tuple[list[Candidate], int, bool]:
+    """(valid candidates, combinations tried, whether ``limit`` cut the enumeration short).
+
+    ``base``: the run's validated RunConfig (with a model). Every candidate is validated as
+    ``emulator run`` would (the RunConfig rules and the layer shape's divisibility rules); the
+    combinations that fail are counted, not kept.
+    """
+    from emulator.config.schema import ParallelConfig, RunConfig
+    from emulator.workloads.segments import layer_shape
+
+    if base.model is None:
+        raise ConfigError("plan: the run file needs a 'model' (the planner searches the built-in training workload)")
+    m, t, cluster = base.model, base.training, base.cluster
+    world = cluster.world_size
+    gpus_per_node = min(g.gpus_per_node for g in cluster.groups())
+    tensors = [d for d in _divisors(gpus_per_node) if m.num_attention_heads % d == 0 and world % d == 0]
+    pipelines = [d for d in _divisors(m.num_layers) if world % d == 0]
+    candidates: list[Candidate] = []
+    tried = 0
+    for tp, pp in itertools.product(tensors, pipelines):
+        if world % (tp * pp):
+            continue
+        dp = world // (tp * pp)
+        chunks = [v for v in _divisors(m.num_layers // pp) if v <= MAX_VIRTUAL_STAGES and (v == 1 or pp > 1)]
+        for v, mbs in itertools.product(chunks, MICRO_BATCH_SIZES):
+            if t.global_batch_size % (mbs * dp):
+                continue
+            schedules = ["interleaved-1f1b"] if v > 1 else (["1f1b", "gpipe"] if pp > 1 else ["1f1b"])
+            for schedule, sp, recompute, zero in itertools.product(
+                schedules, [False, True] if tp > 1 else [False], RECOMPUTE, range(4) if dp > 1 else [0]
+            ):
+                if tried >= limit:
+                    return candidates, tried, True
+                tried += 1
+                parallel = dataclasses.replace(base.parallel, tensor=tp, pipeline=pp, data=dp, virtual_stages=v,
+                                               schedule=schedule, sequence_parallel=sp, zero_stage=zero,
+                                               pipeline_layers=None)  # fmt: skip
+                training = dataclasses.replace(t, micro_batch_size=mbs, recompute=recompute)
+                config = dataclasses.replace(base, parallel=parallel, training=training)
+                try:
+                    ParallelConfig.validate(parallel, "parallel")
+                    RunConfig.validate(config, "")
+                    layer_shape(config)  # divisibility of heads, KV groups, FFN and sequence by tp
+                except ConfigError:
+                    continue
+                knobs = dict(zip(KNOBS, (tp, pp, dp, v, schedule, sp, zero, mbs, recompute), strict=True))
+                candidates.append(Candidate(knobs, config))
+    return candidates, tried, False
+
+
+def rank_candidates(candidates: list[Candidate], topo) -> list[Candidate]:
+    """Estimate every candidate; the fitting ones fastest first (``rank`` set), then the rest."""
+    estimator = Estimator(topo)
+    for c in candidates:
+        c.estimate = estimator.estimate(c.config)
+    fitting = sorted((c for c in candidates if c.estimate.fits), key=lambda c: c.estimate.iteration_time_s)
+    for i, c in enumerate(fitting):
+        c.rank = i + 1
+    rest = sorted((c for c in candidates if not c.estimate.fits), key=lambda c: c.estimate.peak_memory_bytes)
+    return fitting + rest
+
+
+def estimate_error(candidate: Candidate) -> float | None:
+    """(estimated - emulated) / emulated iteration time; None unless emulated successfully."""
+    emulated = _number(candidate.emulated.get("iteration_time_s"))
+    if candidate.estimate is None or emulated is None or emulated <= 0:
+        return None
+    return (candidate.estimate.iteration_time_s - emulated) / emulated
+
+
+CSV_COLUMNS = ("rank", *KNOBS, "fits", "est_iteration_time_s", "est_peak_memory_bytes", "est_mfu", "est_compute_s",
+               "est_bubble_s", "est_exposed_comm_s", "emulated_status", "emulated_reason", "emulated_iteration_time_s",
+               "emulated_mfu", "emulated_peak_memory_bytes", "estimate_error")  # fmt: skip
+
+
+def write_plan_csv(path: Path, candidates: list[Candidate]) -> None:
+    """One row per candidate: knobs, estimate, and the emulated figures where emulated."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer.writeheader()
+        for c in candidates:
+            e = c.estimate
+            error = estimate_error(c)
+            writer.writerow({
+                "rank": c.rank if c.rank is not None else "", **c.knobs, "fits": e.fits,
+                "est_iteration_time_s": f"{e.iteration_time_s:.6g}", "est_peak_memory_bytes": e.peak_memory_bytes,
+                "est_mfu": f"{e.mfu:.4g}", "est_compute_s": f"{e.compute_s:.6g}", "est_bubble_s": f"{e.bubble_s:.6g}",
+                "est_exposed_comm_s": f"{e.exposed_comm_s:.6g}",
+                "emulated_status": c.emulated.get("status", ""), "emulated_reason": c.emulated.get("reason", ""),
+                "emulated_iteration_time_s": c.emulated.get("iteration_time_s", ""),
+                "emulated_mfu": c.emulated.get("mfu", ""),
+                "emulated_peak_memory_bytes": c.emulated.get("peak_memory_bytes", ""),
+                "estimate_error": f"{error:.4f}" if error is not None else "",
+            })  # fmt: skip
+
+
+def write_best_yaml(path: Path, config) -> None:
+    """The resolved config of the best plan (name kept) as a run file."""
+    import yaml
+
+    from emulator.config.typed import to_dict
+
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+@dataclass
+class PlanResult:
+    out: Path
+    candidates: list[Candidate]  # fitting ones by estimated time, then the others
+    tried: int  # combinations enumerated (valid or not)
+    truncated: bool  # the enumeration stopped at MAX_CANDIDATES
+    estimate_ms_per_candidate: float
+    best: Candidate | None
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.rank is not None]
+
+    @property
+    def emulated(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.emulated]
+
+
+def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, workers: int | None = None,
+         backend: str = "inline", address: str | None = None, quiet: bool = False,
+         overrides: list[str] | None = None, limit: int = MAX_CANDIDATES) -> PlanResult:  # fmt: skip
+    """Enumerate, estimate, emulate the ``top`` fastest fitting candidates; write plan.csv and best.yaml.
+
+    Raises ConfigError for a run without a model, a negative ``top`` or nothing that fits.
+    """
+    from emulator.api import load_config
+    from emulator.sweep import make_sweep, run_sweep
+    from netmodel.topology import Topology
+
+    if top < 0:
+        raise ConfigError(f"--top must be >= 0, got {top}")
+    base = load_config(run_file, overrides)
+    out_dir = Path(out) if out is not None else Path("runs") / f"plan-{base.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    candidates, tried, truncated = enumerate_candidates(base, limit)
+    start = time.perf_counter()
+    candidates = rank_candidates(candidates, Topology(base.cluster))
+    ms_each = (time.perf_counter() - start) * 1e3 / max(1, len(candidates))
+    fitting = [c for c in candidates if c.rank is not None]
+    if not fitting:
+        write_plan_csv(out_dir / "plan.csv", candidates)
+        raise ConfigError(f"plan: none of the {len(candidates)} valid parallelisations of {run_file} fits in memory "
+                          f"(see {out_dir / 'plan.csv'})")  # fmt: skip
+    chosen = fitting[:top]
+    best = fitting[0]
+    if chosen:
+        # the base file's own overrides (--set) must reach the sweep too: sweep points start from the
+        # file, so they carry them along with the knobs
+        base_overrides = dict(_pairs(overrides))
+        sweep = make_sweep(run_file, [{**base_overrides, **c.overrides()} for c in chosen], name=f"plan-{base.name}")
+        _, rows = run_sweep(sweep, out=out_dir / "emulated", workers=workers, backend=backend, address=address,
+                            quiet=quiet, force=False)  # fmt: skip
+        by_point = {int(r["point"]): r for r in rows}
+        for point, c in zip(sweep.points, chosen, strict=True):
+            c.emulated = dict(by_point.get(point.index, {}))
+            if point.config is not None:
+                c.config = point.config  # the config the sweep resolved from the file
+        ok = [c for c in chosen if c.emulated.get("status") == "ok" and _number(c.emulated.get("iteration_time_s"))]
+        if ok:
+            best = min(ok, key=lambda c: _number(c.emulated["iteration_time_s"]))
+    write_plan_csv(out_dir / "plan.csv", candidates)
+    write_best_yaml(out_dir / "best.yaml", best.config)
+    return PlanResult(out_dir, candidates, tried, truncated, ms_each, best)
+
+
+def _pairs(overrides: list[str] | None) -> list[tuple[str, Any]]:
+    from emulator.config.loader import parse_override
+
+    return [(".".join(keys), value) for keys, value in (parse_override(o) for o in overrides or [])]
+
+
+def format_plan(result: PlanResult, rows: int = 10) -> str:
+    """The table: rank, knobs, estimated and emulated iteration time, MFU, peak memory; then the
+    estimate's error over the emulated candidates and what the search considered."""
+    shown = result.emulated or result.fitting[:rows]
+    header = ["rank", *(SHORT[k] for k in KNOBS), "est s", "emulated s", "error", "MFU", "peak GiB", "status"]
+    lines = [header]
+    for c in shown:
+        emulated = _number(c.emulated.get("iteration_time_s"))
+        error = estimate_error(c)
+        mfu = _number(c.emulated.get("mfu"))
+        peak = _number(c.emulated.get("peak_memory_bytes"))
+        lines.append([
+            str(c.rank), *(str(c.knobs[k]).lower() if isinstance(c.knobs[k], bool) else str(c.knobs[k]) for k in KNOBS),
+            f"{c.estimate.iteration_time_s:.4f}", f"{emulated:.4f}" if emulated is not None else "-",
+            f"{error:+.1%}" if error is not None else "-",
+            f"{mfu if mfu is not None else c.estimate.mfu:.3f}",
+            f"{(peak if peak is not None else c.estimate.peak_memory_bytes) / 2**30:.2f}",
+            c.emulated.get("status", "estimated") if c.emulated else "estimated",
+        ])  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines]
+    errors = [abs(e) for e in (estimate_error(c) for c in result.emulated) if e is not None]
+    fitting = len(result.fitting)
+    text.append(f"{result.tried} combinations tried, {len(result.candidates)} valid, {fitting} fit in memory"
+                + (f" (enumeration stopped at {MAX_CANDIDATES})" if result.truncated else "")
+                + f"; estimate {result.estimate_ms_per_candidate:.2f} ms per candidate")  # fmt: skip
+    if errors:
+        text.append(f"estimate vs emulation over {len(errors)} emulated: mean |error| {sum(errors) / len(errors):.1%}, "
+                    f"max {max(errors):.1%}")  # fmt: skip
+    best = result.best
+    if best is not None:
+        how = "emulated" if best.emulated.get("status") == "ok" else "estimated"
+        knobs = " ".join(f"{k}={_value(best.knobs[k])}" for k in KNOBS)
+        text.append(f"best ({how}): {knobs} -> {result.out / 'best.yaml'}")
+    return "\n".join(text)
+
+
+def _value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def add_plan_parser(sub) -> argparse.ArgumentParser:
+    """The ``plan`` subcommand on an ``add_subparsers()`` object."""
+    p = sub.add_parser("plan", help="search the parallelisations of a run: estimate all, emulate the best")
+    p.add_argument("run_file", help="run file (YAML) with a model, cluster and training batch")
+    p.add_argument("--top", type=int, default=5, help="emulate the K fastest estimated candidates (default 5; 0: none)")
+    p.add_argument("--out", type=Path, help="plan directory (default runs/plan-<name>)")
+    p.add_argument("--workers", type=int, help="emulations run at once on this machine (default: the cores)")
+    p.add_argument("--backend", default="inline", help="inline (local worker processes, default) or ray")
+    p.add_argument("--address", help="Ray cluster address: auto or HOST:PORT (default: start a local Ray)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a value of the run file before planning (repeatable)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="print only the final table")
+    return p
+
+
+def cmd_plan(args) -> int:
+    """Run ``emulator plan`` from parsed arguments; prints the table. ConfigError for user errors."""
+    result = plan(args.run_file, top=args.top, out=args.out, workers=args.workers, backend=args.backend,
+                  address=args.address, quiet=args.quiet, overrides=args.overrides)  # fmt: skip
+    print(format_plan(result))
+    print(f"{len(result.candidates)} candidates -> {result.out / 'plan.csv'}", file=sys.stderr, flush=True)
+    return 0
