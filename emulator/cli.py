@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -102,29 +103,29 @@ def _load(args):
     return load_run(args.run_file, overrides)
 
 
-def _start_monitor(args, config, out_dir: Path):
+def _start_monitor(args, config, out_dir: Path, topo):
     """Live figures for ``emulator run``: Prometheus exporter (``--metrics-port``), progress bar."""
     from emulator.monitoring import Monitor
     from emulator.monitoring.progress import ProgressDisplay
 
     return Monitor(config, run_id=out_dir.name, backend=args.backend, shards=args.shards, port=args.metrics_port,
-                   host=args.metrics_host, progress=ProgressDisplay.choose_mode(args.quiet))  # fmt: skip
+                   host=args.metrics_host, progress=ProgressDisplay.choose_mode(args.quiet), topo=topo)  # fmt: skip
 
 
 def cmd_run(args) -> int:
-    from emulator.run import check_backend, default_out_dir, run_job
+    from emulator.run import default_out_dir, prepare, run_job
 
     config = _load(args)
-    check_backend(args.backend, args.shards)
+    prepared = prepare(config, args.backend, args.shards, args.trace_ranks)
     if args.wandb:
         from emulator.results.wandb_log import require_wandb
 
         require_wandb()  # fail before the run, not after it
     out = args.out or default_out_dir(config.name)
-    monitor = _start_monitor(args, config, out)
+    monitor = _start_monitor(args, config, out, prepared.topo)
     try:
         done = run_job(config, out=out, backend=args.backend, shards=args.shards, address=args.address,
-                       trace_ranks=args.trace_ranks, monitor=monitor)  # fmt: skip
+                       monitor=monitor, prepared=prepared)  # fmt: skip
     except EmulatorError as exc:
         # the run's own end (deadlock, OOM, a lost shard): say why now, then keep the endpoint up
         # so that Prometheus scrapes the final figures and the status, as after a completed run
@@ -248,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `emulator check ... | head`: the reader is gone, nothing left to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit; let it succeed
+        return 0
 
 
 if __name__ == "__main__":

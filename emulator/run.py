@@ -3,8 +3,9 @@ call :func:`run_job`.
 
     emulator run configs/examples/ping-pong.yaml --out runs/pp
 
-Order: check the backend choice, build the topology (once per run), parse the traced ranks,
-write ``config.yaml`` (so that a run that fails keeps it), run, then write ``summary.json`` and
+Order (:func:`prepare`, then :func:`run_job`): check the backend choice, refuse a run this host
+cannot hold (:func:`emulator.budget.require_fits`), build the topology (once per run), parse the
+traced ranks, write ``config.yaml`` (so that a run that fails keeps it), run, then write ``summary.json`` and
 every table, for a completed run or for what a stopped one reached (``status`` failed or
 interrupted), and hand the final figures to the monitor, if any.
 """
@@ -49,27 +50,59 @@ def check_backend(backend: str, shards: int) -> None:
         raise ConfigError(f"--shards must be >= 1, got {shards}")
 
 
-def run_job(config, out: str | Path | None = None, backend: str = "inline", shards: int = 1,
-            address: str | None = None, trace_ranks="default", monitor=None) -> FinishedRun:  # fmt: skip
-    """Run a validated config; write the run directory when ``out`` is given.
+@dataclass
+class PreparedRun:
+    """A run checked and laid out, before anything is written or started (:func:`prepare`)."""
 
-    ``monitor`` (an :class:`emulator.monitoring.Monitor` or None) observes the run and gets the
-    final figures, of a completed run or of a stopped one, through ``monitor.finish``; keeping its
-    endpoint up afterwards (``linger``) is the caller's choice. A run that raises writes what it
-    reached to ``out`` before the error goes on.
-    """
-    from emulator.results.rundir import build_tables, write_config, write_results
+    topo: Topology
+    trace_ranks: list[int]
+
+
+def prepare(config, backend: str = "inline", shards: int = 1, trace_ranks="default") -> PreparedRun:
+    """The checks and the topology of a run, in the run's order: the backend choice, the host memory
+    (inline: one process holds the run; refused in one line before anything of its size is built,
+    since the topology of 10^6 GPUs alone takes seconds), then the topology and the traced ranks."""
+    from emulator.budget import require_fits
     from emulator.results.tables import parse_rank_spec
 
     check_backend(backend, shards)
+    check_memory = backend == "inline"  # on Ray the shards' hosts hold the run
+    if check_memory:
+        traced = {"all": config.cluster.world_size, "none": 0}.get(trace_ranks) if isinstance(trace_ranks, str) \
+            else (len(trace_ranks) if trace_ranks is not None else None)  # fmt: skip
+        require_fits(config, traced_ranks=traced)  # None: the first node's GPUs, the default
+        if traced is None:
+            traced = config.cluster.groups()[0].gpus_per_node
     topo = Topology(config.cluster)
     ranks = parse_rank_spec(trace_ranks, topo)
+    if check_memory and len(ranks) > traced:
+        require_fits(config, traced_ranks=len(ranks))  # a longer list of traced ranks than assumed
+    return PreparedRun(topo, ranks)
+
+
+def run_job(config, out: str | Path | None = None, backend: str = "inline", shards: int = 1,
+            address: str | None = None, trace_ranks="default", monitor=None,
+            prepared: PreparedRun | None = None) -> FinishedRun:  # fmt: skip
+    """Run a validated config; write the run directory when ``out`` is given.
+
+    ``prepared``: what :func:`prepare` gave for this config (the command line prepares first, to
+    build its monitor on the run's topology); else prepared here. ``monitor`` (an
+    :class:`emulator.monitoring.Monitor` or None) observes the run and gets the final figures, of
+    a completed run or of a stopped one, through ``monitor.finish``; keeping its endpoint up
+    afterwards (``linger``) is the caller's choice. A run that raises writes what it reached to
+    ``out`` before the error goes on.
+    """
+    from emulator.results.rundir import build_tables, write_config, write_results
+
+    if prepared is None:
+        prepared = prepare(config, backend, shards, trace_ranks)
+    topo = prepared.topo
     if out is not None:
         out = Path(out)
         write_config(out, config)  # before the run: a run that fails (a shard lost) keeps what it wrote
     observer = monitor if monitor is not None and monitor.active else None
     try:
-        summary, result, topo = execute(config, backend, shards, address, observer, ranks, topo)
+        summary, result, topo = execute(config, backend, shards, address, observer, prepared.trace_ranks, topo)
     except BaseException as exc:
         if out is not None:
             write_failed_run(out, config, exc, topo)  # summary.json: status, the error, what was reached

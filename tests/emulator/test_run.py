@@ -104,3 +104,15 @@ def test_monitor_gets_a_completed_run(tmp_path):
     done = run_job(load_run(run), monitor=monitor)
     (summary, result), = monitor.finished
     assert summary is done.summary and result is done.result and summary["status"] == "completed"
+
+
+def test_a_run_this_host_cannot_hold_is_refused_before_it_starts(tmp_path, capsys):
+    """800,000 GPUs: one line naming the host memory it would need, exit 2, nothing written."""
+    out = tmp_path / "run"
+    rc = main(["run", str(Path(__file__).parents[2] / "configs/runs/bloom-560m-zero2.yaml"), "--out", str(out),
+               "--set", "cluster.nodes=100000", "--set", "parallel.data=800000",
+               "--set", "training.global_batch_size=3200000"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the run needs ~") and "800000 GPUs" in err[0]
+    assert not out.exists()
