@@ -142,7 +142,8 @@ def pipeline_ns(chunk_ns_by_stage: list[int], micro: int, chunks: int) -> int:
 
 
 def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns: int, chunks: int, stages: int,
-                          grad_bytes_per_layer: int, bucket_bytes: int, bucket_ns) -> int:  # fmt: skip
+                          grad_bytes_per_layer: int, bucket_bytes: int, bucket_ns,
+                          shared_ports: bool = False) -> int:  # fmt: skip
     """Gradient reduction still running when a stage's last backward ends (exposed, in ns).
 
     emulator/workloads/training.py reduces gradients during each chunk's backward of the last
@@ -150,6 +151,11 @@ def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns
     soon as a layer's gradients fill it, the rest at the end of the chunk. Chunk ``c``'s last
     backward ends ``c * stages`` backward slots before the stage's last one (interleaved 1F1B drains
     chunk by chunk); the tail is what the ``dp`` stream has left when the last backward ends.
+
+    ``shared_ports``: the data-parallel group sits inside the node of the tensor-parallel group, so
+    both use the same scale-up ports, which the engine reserves for a whole closed-form collective:
+    a bucket then holds back the backward's next tensor-parallel collective, and the backward
+    stretches by the bucket instead of hiding it.
     """
     end = chunks * stages * chunk_backward_ns  # a time origin before every chunk's last backward
     dp_free = 0
@@ -161,18 +167,45 @@ def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns
             accumulated += grad_bytes_per_layer
             if accumulated >= bucket_bytes:
                 dp_free = max(dp_free, t) + bucket_ns(accumulated)
+                if shared_ports:
+                    t = dp_free
                 accumulated = 0
         if accumulated:
             dp_free = max(dp_free, start + chunk_backward_ns) + bucket_ns(accumulated)
     return max(0, dp_free - end)
 
 
-def zero3_pass_ns(layer_ns: int, gather_ns: int, layers: int) -> int:
+def zero3_pass_ns(layer_ns: int, gather_ns: int, layers: int, shared_lead_ns: int | None = None,
+                  tp_ns: int = 0) -> int:  # fmt: skip
     """Layers whose weights ZeRO-3 all-gathers one layer ahead (training.zero3_gathers): the first
-    gather is exposed, then each layer takes the longer of its compute and the next gather."""
+    gather is exposed, then each layer takes the longer of its compute and the next gather.
+
+    ``shared_lead_ns`` (None: the gathers use other links than the tensor-parallel collectives):
+    the data-parallel group shares the tensor group's scale-up ports, which a closed-form collective
+    holds for its whole duration. The next layer's gather starts with the layer, so the layer's
+    first tensor-parallel collective, ``shared_lead_ns`` of compute in, waits for what is left of
+    it; and the ports carry the gather and the layer's ``tp_ns`` of collectives one after the other.
+    """
     if layers == 0:
         return 0
-    return gather_ns + (layers - 1) * max(layer_ns, gather_ns) + layer_ns
+    if shared_lead_ns is None:
+        period = max(layer_ns, gather_ns)
+    else:
+        period = max(layer_ns + max(0, gather_ns - shared_lead_ns), gather_ns + tp_ns)
+    return gather_ns + (layers - 1) * period + layer_ns
+
+
+def collective_lead_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
+    """(compute before the first collective, summed durations of the collectives) of fused segments;
+    ``collective_ns(op, size_bytes)`` times a collective."""
+    lead, first, total = 0, True, 0
+    for seg in segments:
+        if seg[0] == "c" and first:
+            lead += seg[2]
+        elif seg[0] == "m":
+            first = False
+            total += collective_ns(seg[2], seg[3])
+    return lead, total
 
 
 class Estimator:
@@ -234,8 +267,15 @@ class Estimator:
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
             bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns)
             gather = self.collective_ns("all_gather", weight_bytes * p.data, dp_group) if p.zero_stage >= 3 else 0
-            stage_fwd = zero3_pass_ns(fwd, gather, layers) if gather else fwd * layers
-            stage_bwd = zero3_pass_ns(bwd, gather, layers) if gather else bwd * layers
+            # the data-parallel group inside the tensor group's node: both on the same scale-up ports
+            shared = p.tensor > 1 and p.data > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
+            if gather:
+                fwd_lead, fwd_tp = collective_lead_ns(segs.layer_forward, tp_ns) if shared else (None, 0)
+                bwd_lead, bwd_tp = collective_lead_ns(segs.layer_backward, tp_ns) if shared else (None, 0)
+                stage_fwd = zero3_pass_ns(fwd, gather, layers, fwd_lead, fwd_tp)
+                stage_bwd = zero3_pass_ns(bwd, gather, layers, bwd_lead, bwd_tp)
+            else:
+                stage_fwd, stage_bwd = fwd * layers, bwd * layers
             stage_c = (fwd_c + bwd_c) * layers * chunks
             extra = extra_c = 0
             if s == 0:
@@ -259,7 +299,7 @@ class Estimator:
             if p.data > 1:
                 layer_bwd = max(bwd, gather) if gather else bwd
                 tail += data_parallel_tail_ns(layer_bwd, layers, stage_bwd, chunks, stages, grad_bytes,
-                                              bucket_bytes, bucket_ns)  # fmt: skip
+                                              bucket_bytes, bucket_ns, shared)  # fmt: skip
             if stages > 1 and m.tie_embeddings and s in (0, stages - 1):
                 vocab_bytes = -(-m.vocab_size // p.tensor) * m.hidden_size * 4
                 tail += self.collective_ns("all_reduce", vocab_bytes, layout.embedding_group(first_rank))
