@@ -40,9 +40,16 @@ def metric_names(expr: str) -> set[str]:
     }  # fmt: skip
 
 
-def for_prometheus(expr: str, rate_window: str) -> str:
+def for_prometheus(expr: str, rate_window: str, run: str) -> str:
     """Grafana's variables replaced the way Grafana would before sending the query."""
-    return expr.replace("$__rate_interval", rate_window)
+    return expr.replace("$__rate_interval", rate_window).replace("$run", run)
+
+
+def unfiltered_selectors(expr: str) -> list[str]:
+    """Metric selectors of ``expr`` that do not pick the dashboard's run (``run="$run"``)."""
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    return [m.group(0) for m in re.finditer(r"\b(emulator_[a-z_]+)(\{[^}]*\})?", expr)
+            if 'run="$run"' not in (m.group(2) or "")]  # fmt: skip
 
 
 def prometheus_config() -> dict:

@@ -12,6 +12,7 @@ from tests.emulator.monitoring.dashboards import (
     metric_names,
     panel_expressions,
     prometheus_config,
+    unfiltered_selectors,
 )
 
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
@@ -75,3 +76,21 @@ def test_prometheus_scrapes_the_default_port():
     """The shipped Prometheus config scrapes the exporter's documented default port."""
     jobs = {job["job_name"]: job for job in prometheus_config()["scrape_configs"]}
     assert jobs["emulator"]["static_configs"][0]["targets"] == [f"localhost:{DEFAULT_PORT}"]
+
+
+def test_every_panel_is_filtered_by_the_run_variable():
+    """Both dashboards offer the runs Prometheus knows, and every selector of every panel picks one."""
+    for path in DASHBOARDS:
+        variables = {v["name"]: v for v in load_dashboard(path)["templating"]["list"]}
+        assert variables["run"]["query"]["query"] == "label_values(emulator_run_info, run)", path.name
+    for board, title, expr in panel_expressions():
+        assert not unfiltered_selectors(expr), f"{board} {title!r}: {unfiltered_selectors(expr)}"
+    assert unfiltered_selectors('sum by (tier) (rate(emulator_a_total{tier="x"}[1m])) / emulator_b{run="$run"}') == [
+        'emulator_a_total{tier="x"}'
+    ]
+
+
+def test_busiest_links_are_per_tier():
+    """The busiest-link panels rank links within each tier: a tier of many tied ports cannot hide another."""
+    exprs = [expr for _, title, expr in panel_expressions() if "emulator_hottest_link" in expr]
+    assert len(exprs) == 3 and all(expr.startswith("topk by (tier) (") for expr in exprs)
