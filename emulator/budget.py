@@ -57,6 +57,7 @@ class Budget:
     host_memory_bytes: int
     events: int | None  # None: a user program, whose events only running it tells
     ops_per_rank: int | None  # ops one rank issues over the whole run (built-in workload)
+    traced_ranks: int = 0  # ranks assumed to record a trace (their ops count in host_memory_bytes)
 
     @property
     def wall_time_s(self) -> float | None:
@@ -160,7 +161,7 @@ def estimate(config, traced_ranks: int | None = None) -> Budget:
     memory += _links(cluster) * PER_LINK_BYTES
     if ops is not None:
         memory += min(traced, world) * ops * PER_TRACE_RECORD_BYTES
-    return Budget(world, vgpus, int(memory), events, ops)
+    return Budget(world, vgpus, int(memory), events, ops, min(traced, world))
 
 
 def _is_int(args: dict) -> bool:
