@@ -156,8 +156,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from emulator.budget import estimate
+
     config = _load(args)
-    print(f"{args.run_file}: ok ({config.cluster.world_size} GPUs)")
+    if config.program is not None:
+        from emulator.programs import check_program
+
+        check_program(config.program)  # exists and defines the function; parsed, never executed
+    # one line, the estimate after the verdict: scripts read the first line, the stage table follows
+    print(f"{args.run_file}: ok ({config.cluster.world_size} GPUs); {estimate(config).describe()}")
     if config.model is not None:
         from emulator.workloads.memory import memory_report
 
