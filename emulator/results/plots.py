@@ -201,8 +201,9 @@ def plot_memory_by_stage(data: RunTables) -> Figure:
         # a step per stage spanning its bar (stages of a heterogeneous cluster may differ)
         ax.step([x - 0.5 for x in cx] + [cx[-1] + 0.5], [*cy, cy[-1]], where="post", color="#c44e52",
                 label="GPU capacity")  # fmt: skip
-    ax.set_xticks(xs)
-    ax.set_xticklabels([str(r["stage"]) for r in rows], fontsize="small" if len(rows) > 24 else None)
+    every = -(-len(rows) // MAX_GROUPS) if rows else 1  # at most MAX_GROUPS labels stay legible
+    ax.set_xticks(xs[::every])
+    ax.set_xticklabels([str(r["stage"]) for r in rows[::every]])
     ax.set_xlim(-0.6, len(rows) - 0.4)
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per GPU")

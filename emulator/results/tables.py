@@ -213,16 +213,20 @@ COMM_SPLIT = (("tensor parallel (tp)", "exposed_tp_ns"), ("data parallel (dp)", 
 def comm_split_rows(ranks: list[dict]) -> list[dict]:
     """Mean per rank of the compute stream's waits per parallelism dimension, in ns and as a fraction
     of the rank's run time; ``other`` is exposed communication on any other stream (a user program's).
-    Run directories written before ``exposed_tp_ns``/``exposed_dp_ns`` existed count it all as other."""
+    A ranks.csv written before ``exposed_tp_ns``/``exposed_dp_ns`` existed has no split: those rows
+    are None and the whole exposed communication is one row, marked as not split."""
     if not ranks:
         return []
     n = len(ranks)
+    split = all("exposed_tp_ns" in r and "exposed_dp_ns" in r for r in ranks)
     run_ns = sum(r["compute_ns"] + r["exposed_comm_ns"] + r["bubble_ns"] + r["idle_ns"] for r in ranks) / n
-    rows = [{"part": part, "column": col, "mean_ns": sum(r.get(col, 0) for r in ranks) / n} for part, col in COMM_SPLIT]
+    rows = [{"part": part, "column": col, "mean_ns": sum(r[col] for r in ranks) / n if split or col == "bubble_ns"
+             else None} for part, col in COMM_SPLIT]  # fmt: skip
     other = sum(r["exposed_comm_ns"] - r.get("exposed_tp_ns", 0) - r.get("exposed_dp_ns", 0) for r in ranks) / n
-    rows.insert(2, {"part": "other streams", "column": None, "mean_ns": other})
+    part = "other streams" if split else "exposed communication, not split (ranks.csv predates the split)"
+    rows.insert(2, {"part": part, "column": None, "mean_ns": other})
     for row in rows:
-        row["fraction"] = row["mean_ns"] / run_ns if run_ns else 0.0
+        row["fraction"] = None if row["mean_ns"] is None else row["mean_ns"] / run_ns if run_ns else 0.0
     return rows
 
 

@@ -121,7 +121,9 @@ def test_communication_split_arithmetic():
     assert rows["tensor parallel (tp)"] == (150, 0.15) and rows["data parallel (dp)"] == (25, 0.025)
     assert rows["other streams"] == (25, 0.025) and rows["pipeline parallel (pp.*): bubble and transfers"] == (100, 0.1)
     old = [{k: v for k, v in r.items() if k not in ("exposed_tp_ns", "exposed_dp_ns")} for r in ranks]
-    assert {row["part"]: row["mean_ns"] for row in comm_split_rows(old)}["other streams"] == 200  # older run dirs
+    unsplit = {row["part"]: row["mean_ns"] for row in comm_split_rows(old)}  # a run directory from before
+    assert unsplit["tensor parallel (tp)"] is None and unsplit["data parallel (dp)"] is None
+    assert unsplit["exposed communication, not split (ranks.csv predates the split)"] == 200
 
 
 def test_memory_per_stage_against_capacity(gpt_dir):
