@@ -60,16 +60,41 @@ def end_bound(op, stream, now: float) -> float:
     return bound if bound > now else now
 
 
-def queue_bound(shard, op, now: float) -> float:
-    """A lower bound on when ``op`` can start behind the ops queued before it on its stream: each
-    not started yet runs at least its :func:`least_duration`, one after the other."""
-    total = 0
-    for prior in op.stream.ops:
-        if prior is op:
-            break
-        if not prior.started:
-            total += least_duration(shard, prior)
-    return now + total
+def bound_queued(shard, queued: list, now: float, to: list[float]) -> None:
+    """Lower ``to[j]`` to a lower bound on the start of each op of ``queued`` (not started, in
+    launch order) that sends to shard ``j``: its compute dependency's end (:func:`end_bound`), and
+    the ops queued before it on its stream, each not started yet running at least its
+    :func:`least_duration`, one after the other.
+
+    Along one stream both bounds only grow (later ops depend on later compute and wait behind
+    more), so for each destination only the stream's first op to it counts: the walk stops once
+    every destination is covered. A program that runs far ahead queues hundreds of collectives on
+    one stream; a walk per op, or one to the end, would cost their square each round.
+    """
+    by_stream: dict[int, list] = {}
+    for op in queued:
+        by_stream.setdefault(id(op.stream), []).append(op)
+    destinations = shard.shards - 1
+    for ops in by_stream.values():
+        stream = ops[0].stream
+        pending = {id(op): op for op in ops}
+        covered: set[int] = set()
+        total = 0
+        for prior in stream.ops:
+            op = pending.get(id(prior))
+            if op is not None and not covered.issuperset(op.cross):
+                dep = op.cdep
+                bound = end_bound(dep, dep.stream, now) if dep is not None else now
+                if now + total > bound:
+                    bound = now + total
+                for j in op.cross:
+                    covered.add(j)
+                    if bound < to[j]:
+                        to[j] = bound
+                if len(covered) >= destinations:
+                    break
+            if not prior.started:
+                total += least_duration(shard, prior)
 
 
 def least_duration(shard, op) -> int:
@@ -125,14 +150,7 @@ def output_bound(shard) -> tuple[list[float], float]:
         if gpu.cross_queued:
             queued = gpu.cross_queued = [op for op in gpu.cross_queued if not op.started]  # started ones have sent
             for op in queued:
-                dep = op.cdep
-                bound = end_bound(dep, dep.stream, now) if dep is not None else now
-                behind = queue_bound(shard, op, now)
-                if behind > bound:
-                    bound = behind
-                for j in op.cross:
-                    if bound < to[j]:
-                        to[j] = bound
                 if op.ds < delay:
                     delay = op.ds
+            bound_queued(shard, queued, now, to)
     return [t if t < every else every for t in to], delay

@@ -185,3 +185,27 @@ def test_collective_queued_behind_collectives(engine):
     two = run_program(queued_behind_program, cluster, shards=2, engine={"collective_engine": engine})[0]
     assert {k: v for k, v in two.items() if k not in WALL} == {k: v for k, v in one.items() if k not in WALL}
     assert two["cross_shard_messages"] > 0
+
+
+def test_bound_work_per_round_does_not_grow_with_the_queue(monkeypatch):
+    """A program that runs far ahead queues many collectives on one stream; bounding them costs
+    the same per round however long that queue is: per rank, one end bound for its compute stream
+    and one per stream and destination shard (the bounds once walked the stream once per queued
+    op: 40 iterations of the data-parallel example on 2 shards took minutes, ~600 per round)."""
+    from emulator.engine import lookahead
+
+    calls = {"n": 0}
+    original = lookahead.end_bound
+
+    def counted(*args):
+        calls["n"] += 1
+        return original(*args)
+
+    monkeypatch.setattr(lookahead, "end_bound", counted)
+    for iterations in (5, 40):
+        calls["n"] = 0
+        config = load_run(CONFIGS / "examples/data-parallel.yaml",
+                          ["cluster.nodes=2", f"program_args.iterations={iterations}"])  # fmt: skip
+        summary, _, _ = execute(config, shards=2)
+        # 16 ranks, one stream with collectives each, one other shard: at most 2 bounds per rank
+        assert calls["n"] <= 2 * 16 * summary["rounds"], (iterations, calls["n"] / summary["rounds"])
