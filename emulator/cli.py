@@ -1,4 +1,4 @@
-"""Command line: ``emulator run | check | sweep | collbench | validate | report | compare``.
+"""Command line: ``emulator run | check | sweep | plan | collbench | validate | report | compare``.
 
 User errors print one line (``error: ...``) and exit with code 2; success exits 0.
 """
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="print only the final table")
     _add_metrics_args(sweep)
 
+    from emulator.plan import add_plan_parser
+
+    add_plan_parser(sub)
+
     check = sub.add_parser("check", help="validate a run file without running it")
     _add_config_args(check)
 
@@ -133,8 +137,14 @@ def cmd_run(args) -> int:
         monitor.linger(args.metrics_grace_s, quiet=args.quiet)
         exc.reported = True
         raise
+    except KeyboardInterrupt:
+        # the run directory and the endpoint say "interrupted" with what was reached; a second
+        # Ctrl-C ends the grace period at once
+        print("error: interrupted", file=sys.stderr, flush=True)
+        monitor.linger(args.metrics_grace_s, quiet=args.quiet)
+        return 130
     except BaseException:
-        monitor.close()  # Ctrl-C, or a bug with its traceback: no waiting
+        monitor.close()  # a bug, with its traceback: no waiting
         raise
     summary = done.summary
     if args.wandb:
@@ -203,6 +213,12 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from emulator.plan import cmd_plan as plan
+
+    return plan(args)
+
+
 def cmd_collbench(args) -> int:
     from emulator.collbench import collbench, format_table, parse_size, sizes_between
     from emulator.config.loader import load_cluster
@@ -241,7 +257,7 @@ def cmd_compare(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "collbench": cmd_collbench,
+COMMANDS = {"run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan, "collbench": cmd_collbench,
             "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare}  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from emulator.errors import ConfigError
 from emulator.estimate import Estimate, Estimator
-from emulator.sweep import _number  # the sweep's reading of a CSV figure (None when absent)
+from emulator.sweep import number  # the sweep's reading of a CSV figure (None when absent)
 
 MAX_CANDIDATES = 100_000  # the enumeration stops here (and says so)
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large models do not fit anyway
@@ -131,7 +131,7 @@ def rank_candidates(candidates: list[Candidate], topo) -> list[Candidate]:
 
 def estimate_error(candidate: Candidate) -> float | None:
     """(estimated - emulated) / emulated iteration time; None unless emulated successfully."""
-    emulated = _number(candidate.emulated.get("iteration_time_s"))
+    emulated = number(candidate.emulated.get("iteration_time_s"))
     if candidate.estimate is None or emulated is None or emulated <= 0:
         return None
     return (candidate.estimate.iteration_time_s - emulated) / emulated
@@ -229,9 +229,9 @@ def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, work
             c.emulated = dict(by_point.get(point.index, {}))
             if point.config is not None:
                 c.config = point.config  # the config the sweep resolved from the file
-        ok = [c for c in chosen if c.emulated.get("status") == "ok" and _number(c.emulated.get("iteration_time_s"))]
+        ok = [c for c in chosen if c.emulated.get("status") == "ok" and number(c.emulated.get("iteration_time_s"))]
         if ok:
-            best = min(ok, key=lambda c: _number(c.emulated["iteration_time_s"]))
+            best = min(ok, key=lambda c: number(c.emulated["iteration_time_s"]))
     write_plan_csv(out_dir / "plan.csv", candidates)
     write_best_yaml(out_dir / "best.yaml", best.config)
     return PlanResult(out_dir, candidates, tried, truncated, ms_each, best)
@@ -250,10 +250,10 @@ def format_plan(result: PlanResult, rows: int = 10) -> str:
     header = ["rank", *(SHORT[k] for k in KNOBS), "est s", "emulated s", "error", "MFU", "peak GiB", "status"]
     lines = [header]
     for c in shown:
-        emulated = _number(c.emulated.get("iteration_time_s"))
+        emulated = number(c.emulated.get("iteration_time_s"))
         error = estimate_error(c)
-        mfu = _number(c.emulated.get("mfu"))
-        peak = _number(c.emulated.get("peak_memory_bytes"))
+        mfu = number(c.emulated.get("mfu"))
+        peak = number(c.emulated.get("peak_memory_bytes"))
         lines.append([
             str(c.rank), *(str(c.knobs[k]).lower() if isinstance(c.knobs[k], bool) else str(c.knobs[k]) for k in KNOBS),
             f"{c.estimate.iteration_time_s:.4f}", f"{emulated:.4f}" if emulated is not None else "-",

@@ -218,13 +218,14 @@ def _cell(value: Any) -> Any:
 
 def best_row(rows: list[dict]) -> dict | None:
     """The fastest ok point: shortest iteration, then highest tokens/s; None before any."""
-    ok = [r for r in rows if r.get("status") == "ok" and _number(r.get("iteration_time_s")) is not None]
+    ok = [r for r in rows if r.get("status") == "ok" and number(r.get("iteration_time_s")) is not None]
     if not ok:
         return None
-    return min(ok, key=lambda r: (_number(r["iteration_time_s"]), int(r["point"])))
+    return min(ok, key=lambda r: (number(r["iteration_time_s"]), int(r["point"])))
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A figure of a row (a float, or text read back from sweep.csv) as a finite float, else None."""
     if isinstance(value, bool) or value in (None, ""):
         return None
     try:
@@ -456,13 +457,13 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def _fmt(value: Any, spec: str) -> str:
-    number = _number(value)
-    return format(number, spec) if number is not None else "-"
+    figure = number(value)
+    return format(figure, spec) if figure is not None else "-"
 
 
 def _gib(value: Any) -> float | None:
-    number = _number(value)
-    return number / 2**30 if number is not None else None
+    figure = number(value)
+    return figure / 2**30 if figure is not None else None
 
 
 def _knob(value: Any) -> str:

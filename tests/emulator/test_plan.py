@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from emulator.api import load_config, run
 from emulator.errors import ConfigError
 from emulator.hardware.gpus import get_gpu
-from emulator.plan import KNOBS, add_plan_parser, cmd_plan, enumerate_candidates, plan, rank_candidates
+from emulator.plan import KNOBS, enumerate_candidates, plan, rank_candidates
 from emulator.workloads.memory import stage_memory
 from netmodel.topology import Topology
 
@@ -79,15 +78,11 @@ def test_ranking_agrees_with_the_emulation(ranked):
                 assert emulated[j] > emulated[i], (picks[i].knobs, picks[j].knobs)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="emulator")
-    add_plan_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
-
-
 def test_cli_writes_plan_csv_and_a_runnable_best_yaml(tmp_path, capsys):
     out = tmp_path / "plan"
-    assert cmd_plan(_parse(["plan", str(RUN_22B), "--top", "2", "--workers", "2", "--out", str(out), "--quiet"])) == 0
+    from emulator.cli import main
+
+    assert main(["plan", str(RUN_22B), "--top", "2", "--workers", "2", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "estimate vs emulation over 2 emulated" in printed and "best (emulated)" in printed
     rows = list(csv.DictReader((out / "plan.csv").open()))
@@ -107,8 +102,6 @@ def test_cli_writes_plan_csv_and_a_runnable_best_yaml(tmp_path, capsys):
     assert best.parallel.tensor == int(best_row["parallel.tensor"])
     assert best.parallel.zero_stage == int(best_row["parallel.zero_stage"])
     assert best.training.recompute == best_row["training.recompute"]
-    from emulator.cli import main
-
     assert main(["run", str(out / "best.yaml"), "--out", str(tmp_path / "best-run")]) == 0
     rerun = load_config(tmp_path / "best-run" / "config.yaml")
     assert rerun.parallel.pipeline == int(best_row["parallel.pipeline"])
