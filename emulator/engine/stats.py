@@ -33,6 +33,11 @@ class ShardStats:
         """Occupy ``links`` from ``start`` for ``size`` bytes each at its own bandwidth (FIFO)."""
         bw = self.link_bw
         wait = start - arrival
+        if wait > 0 and self.core is not None:
+            # live queueing figures: charged to the link that held the message back, the one whose
+            # free time set its start (as the compiled kernels do for collectives)
+            blocker = max(links, key=free.__getitem__)
+            self.core.note_queued(blocker, wait, 1)
         for link in links:
             dur = int(-(-size // bw[link]))
             free[link] = start + dur

@@ -166,6 +166,32 @@ def test_queueing_is_recorded_only_when_links_are_busy(both):
     assert (sum(link[4] for link in snap.hot_links) > 0) == both
 
 
+def contending_sends(gpu):
+    """Rank 0 sends to two ranks of another node at once, on two streams (the same NIC), or once."""
+    if gpu.rank == 0:
+        first = gpu.send(4, 64 << 20, async_op=True, stream="a")
+        second = gpu.send(5, 64 << 20, async_op=True, stream="b") if gpu.args["both"] else None
+        first.wait()
+        if second is not None:
+            second.wait()
+    elif gpu.rank == 4 or (gpu.rank == 5 and gpu.args["both"]):
+        gpu.recv(0, 64 << 20)
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_point_to_point_queueing_is_recorded(both):
+    """Pipeline-style sends are in the queueing figures too: the second of two sends through one
+    NIC waits for it, a lone send never does."""
+    config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=2, gpus=4)}, "")
+    topo = Topology(config.cluster)
+    recorder = Recorder()
+    run_inline(config, topo, 1, observer=recorder, program=contending_sends, args={"both": both})
+    tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
+    snap = LiveState(tier_links).observe(1.0, *recorder.calls[-1][:3])
+    assert (sum(snap.tier_queued_messages) > 0) == both
+    assert (sum(snap.tier_queueing_s) > 0) == both
+
+
 @pytest.fixture(scope="module")
 def model_run():
     """The 8-GPU Megatron 22B run (one iteration), observed at every round."""
