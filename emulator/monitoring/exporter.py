@@ -71,7 +71,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "emulator_tier_messages": ("counter", ("tier",), "Messages sent over each network tier"),
     "emulator_tier_busy_seconds": ("counter", ("tier",), "Virtual seconds of link busy time, over a tier's links"),
     "emulator_tier_queueing_seconds": (
-        "counter", ("tier",), "Virtual seconds messages waited for a busy link of the tier (collectives)"),
+        "counter", ("tier",), "Virtual seconds messages waited for a busy link of the tier"),
     "emulator_tier_queued_messages": ("counter", ("tier",), "Messages that waited for a busy link of the tier"),
     "emulator_tier_links": ("gauge", ("tier",), "Links in each tier (the capacity behind utilisation)"),
     "emulator_tier_utilisation_ratio": ("gauge", ("tier",), "Busy share of a tier's links, last 10 s of wall time"),
