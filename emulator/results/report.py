@@ -256,9 +256,15 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, list[Path]]:
-    """Write the PNGs and the HTML page; returns the page and the PNG paths."""
-    data = read_run_dir(run_dir)
+    """Write the PNGs and the HTML page; returns the page and the PNG paths. A sweep directory
+    (``sweep.csv``, no ``summary.json``) gets the sweep's page (emulator/results/sweep_report.py)."""
     page = Path(out) if out else Path(run_dir) / "report.html"
+    if (Path(run_dir) / "sweep.csv").is_file() and not (Path(run_dir) / "summary.json").is_file():
+        from emulator.results.sweep_report import write_sweep_report
+
+        page.parent.mkdir(parents=True, exist_ok=True)
+        return write_sweep_report(Path(run_dir), page)
+    data = read_run_dir(run_dir)
     page.parent.mkdir(parents=True, exist_ok=True)
     pngs = render_figures(data)
     paths = []
