@@ -324,16 +324,16 @@ class RayTransport:
         self.close()  # the actors' loops end, so that they take ordinary calls again
         return [finished[i] for i in range(self.shards)]
 
-    def salvage(self) -> list[dict | None]:
+    def salvage(self, lost: set[int]) -> list[dict | None]:
         self.close()  # a graph that stopped mid-run is unusable; the actors take ordinary calls again
         ray = self.ray
-        refs = [actor.salvage.remote() for actor in self.pool.actors]
-        # a shard still busy in its last round answers when the round ends; a lost one never does
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_TIMEOUT_S)
+        refs = {i: actor.salvage.remote() for i, actor in enumerate(self.pool.actors) if i not in lost}
+        # a shard still busy in its last round answers when the round ends; a frozen one never does
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=SALVAGE_TIMEOUT_S)
         exports: list[dict | None] = []
-        for ref in refs:
+        for i in range(len(self.pool.actors)):
             try:
-                exports.append(ray.get(ref, timeout=0) if ref in ready else None)
+                exports.append(ray.get(refs[i], timeout=0) if i in refs and refs[i] in ready else None)
             except ray.exceptions.RayError:
                 exports.append(None)
         return exports

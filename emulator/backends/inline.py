@@ -36,8 +36,8 @@ class InlineTransport:
     def finish(self) -> list[tuple[list, dict, dict]]:
         return [(s.blocked(), export_shard(s), s.live_stats()) for s in self.objs]
 
-    def salvage(self) -> list[dict | None]:
-        return [export_shard(s) for s in self.objs]
+    def salvage(self, lost: set[int]) -> list[dict | None]:
+        return [export_shard(s) for s in self.objs]  # in-process: none is ever lost
 
 
 def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, program=None, args=None,

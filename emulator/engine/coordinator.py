@@ -67,9 +67,10 @@ class Transport(Protocol):
     def finish(self) -> list[tuple[list, dict, dict]]:
         """Every shard's ``(blocked ranks, exported results, last live stats)``, in shard order."""
 
-    def salvage(self) -> list[dict | None]:
+    def salvage(self, lost: set[int]) -> list[dict | None]:
         """After a failure or Ctrl-C: each shard's results so far, None for a shard that cannot
-        answer (lost with its host); in shard order. Called at most once, never after ``finish``."""
+        answer (``lost``: known lost with its host, not asked); in shard order. Called at most
+        once, never after ``finish``."""
 
 
 @dataclass
@@ -131,13 +132,14 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
         raise_for_stuck([b for blocked, _, _ in finished for b in blocked])
     except BaseException as exc:
         if result is None and finished is None:
-            result = salvage(transport, stats)
+            lost = getattr(exc, "shard", None)  # a lost shard (BackendError) is not asked
+            result = salvage(transport, stats, {lost} if lost is not None else set())
         exc.round_stats, exc.partial_result = stats, result
         raise
     return result
 
 
-def salvage(transport: Transport, stats: RoundStats):
+def salvage(transport: Transport, stats: RoundStats, lost: set[int]):
     """The merged results so far of the shards that still answer, or None.
 
     Best effort by design: it runs while an error or Ctrl-C is on its way out, and that error is
@@ -146,7 +148,7 @@ def salvage(transport: Transport, stats: RoundStats):
     from emulator.summary import merge
 
     try:
-        exports = [e for e in transport.salvage() if e is not None]
+        exports = [e for e in transport.salvage(lost) if e is not None]
         if not exports:
             return None
         result = merge(transport.world_size, exports, stats.rounds, stats.cross_shard_messages, partial=True)
