@@ -319,7 +319,7 @@ def run_sweep(sweep_path: str | Path | Sweep, out: str | Path | None = None, wor
     publish(0)
     try:
         if backend == "ray":
-            _run_on_ray(todo, finished, address, timeout_s)
+            _run_on_ray(todo, finished, address, timeout_s, workers)
         else:
             _run_local(todo, finished, workers or os.cpu_count() or 1, timeout_s)
     finally:
@@ -382,11 +382,12 @@ def _point_process(config, send) -> None:
     send.close()
 
 
-def _run_on_ray(todo: list[Point], finished, address: str | None, timeout_s: float | None) -> None:
+def _run_on_ray(todo: list[Point], finished, address: str | None, timeout_s: float | None,
+                workers: int | None = None) -> None:  # fmt: skip
     """One Ray task per point (one CPU each) over the cluster; a task past ``timeout_s`` is cancelled.
 
-    At most as many tasks are in flight as the cluster has CPUs, so that a point's clock starts
-    when it can start running rather than while it waits in Ray's queue.
+    At most as many tasks are in flight as the cluster has CPUs (or ``workers``, when fewer), so
+    that a point's clock starts when it can start running rather than while it waits in Ray's queue.
     """
     from actors.backend import connect, import_ray
 
@@ -394,6 +395,8 @@ def _run_on_ray(todo: list[Point], finished, address: str | None, timeout_s: flo
     started_ray = connect(ray, address)
     task = ray.remote(num_cpus=1, max_retries=0)(run_point)
     slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    if workers is not None:
+        slots = min(slots, workers)
     queue = list(reversed(todo))
     refs: dict = {}
     ran = 0

@@ -16,7 +16,7 @@ def test_sweep_on_ray_gives_the_local_rows(ray_cluster, tmp_path):
                      "points:\n  - {program_args.iterations: 1}\n  - {program_args.size: 65536}\n"
                      "  - {cluster.nodes: -1}\n  - {program: '" + str(ROOT / "configs/examples/programs.py")
                      + ":deadlock'}\n")  # fmt: skip
-    _, on_ray = run_sweep(sweep, out=tmp_path / "ray", backend="ray", quiet=True)
+    _, on_ray = run_sweep(sweep, out=tmp_path / "ray", backend="ray", workers=2, quiet=True)
     _, local = run_sweep(sweep, out=tmp_path / "local", workers=2, quiet=True)
     assert [r["status"] for r in on_ray] == ["ok", "ok", "invalid", "deadlock"]
     drop = ("wall_time_s",)  # the one figure that is the machine's, not the run's

@@ -34,6 +34,12 @@ PROGRAMS = textwrap.dedent('''
     def hog(gpu):
         gpu.alloc(1 << 50, "everything")
 
+    def dies(gpu):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # the point's whole process, as the kernel's OOM killer would
+
     def forever(gpu):
         while True:
             gpu.compute("work", flops=1e9)
@@ -166,3 +172,17 @@ def test_live_metrics_of_a_sweep(tmp_path, base):
     assert f'emulator_sweep_best_iteration_seconds{{point="0",run="sw"}} {rows[0]["iteration_time_s"]!r}' in text
     assert f'emulator_sweep_point_iteration_seconds{{point="1",run="sw"}} {rows[1]["iteration_time_s"]!r}' in text
     assert "emulator_sweep_point_mfu_ratio{" not in text  # a program has no model FLOPs: no MFU series
+
+
+def test_a_worker_that_dies_is_a_row(tmp_path, base):
+    """A point whose process is killed is an error row; the points around it run on."""
+    prog = tmp_path / "programs.py"
+    sweep = _sweep(tmp_path, f"""
+        points:
+          - {{program_args.iterations: 1}}
+          - {{program: "{prog}:dies"}}
+          - {{program_args.iterations: 2}}
+    """)
+    _, rows = run_sweep(sweep, out=tmp_path / "out", workers=2, quiet=True)
+    assert [r["status"] for r in rows] == ["ok", "error", "ok"]
+    assert rows[1]["reason"] == "the point's process ended with exit code -9"
