@@ -23,6 +23,7 @@ import argparse
 import csv
 import dataclasses
 import itertools
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from emulator.sweep import number  # the sweep's reading of a CSV figure (None w
 MAX_CANDIDATES = 100_000  # the enumeration stops here (and says so)
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large models do not fit anyway
 MAX_VIRTUAL_STAGES = 8
+# wall seconds the emulations of one plan may take (batches stop starting past it): large runs take
+# minutes per emulation (1024 GPUs: ~8 min here), and a plan is meant to answer within ~15 minutes
+DEFAULT_MAX_WALL_S = 600.0
 RECOMPUTE = ("none", "selective", "full")
 # the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
 KNOBS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
@@ -192,8 +196,13 @@ class PlanResult:
 
 def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, workers: int | None = None,
          backend: str = "inline", address: str | None = None, quiet: bool = False,
-         overrides: list[str] | None = None, limit: int = MAX_CANDIDATES) -> PlanResult:  # fmt: skip
+         overrides: list[str] | None = None, limit: int = MAX_CANDIDATES,
+         max_wall_s: float | None = DEFAULT_MAX_WALL_S) -> PlanResult:  # fmt: skip
     """Enumerate, estimate, emulate the ``top`` fastest fitting candidates; write plan.csv and best.yaml.
+
+    The candidates are emulated in the estimate's order, ``workers`` at a time; no new batch starts
+    when the batches so far, at their mean wall time, say it would end past ``max_wall_s`` (None:
+    no limit). The first batch always runs: a plan emulates at least one candidate when ``top`` > 0.
 
     Raises ConfigError for a run without a model, a negative ``top`` or nothing that fits.
     """
@@ -221,9 +230,22 @@ def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, work
         # the base file's own overrides (--set) must reach the sweep too: sweep points start from the
         # file, so they carry them along with the knobs
         base_overrides = dict(_pairs(overrides))
-        sweep = make_sweep(run_file, [{**base_overrides, **c.overrides()} for c in chosen], name=f"plan-{base.name}")
-        _, rows = run_sweep(sweep, out=out_dir / "emulated", workers=workers, backend=backend, address=address,
-                            quiet=quiet, force=False)  # fmt: skip
+        points = [{**base_overrides, **c.overrides()} for c in chosen]
+        batch = max(1, workers or os.cpu_count() or 1)
+        started, done, rows = time.perf_counter(), 0, []
+        while done < len(points):
+            elapsed = time.perf_counter() - started
+            if done and max_wall_s is not None and elapsed + elapsed / (done // batch) > max_wall_s:
+                break  # the next batch would end past the budget
+            done = min(len(points), done + batch)
+            # the sweep of the points so far: those of earlier batches are in sweep.csv, skipped by hash
+            sweep = make_sweep(run_file, points[:done], name=f"plan-{base.name}")
+            _, rows = run_sweep(sweep, out=out_dir / "emulated", workers=workers, backend=backend, address=address,
+                                quiet=quiet, force=False)  # fmt: skip
+        if done < len(points):
+            print(f"plan: emulated {done} of the top {len(points)}: another batch would end past --max-wall-s "
+                  f"{max_wall_s:g} s", file=sys.stderr, flush=True)  # fmt: skip
+        chosen = chosen[:done]
         by_point = {int(r["point"]): r for r in rows}
         for point, c in zip(sweep.points, chosen, strict=True):
             c.emulated = dict(by_point.get(point.index, {}))
@@ -289,6 +311,8 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="search the parallelisations of a run: estimate all, emulate the best")
     p.add_argument("run_file", help="run file (YAML) with a model, cluster and training batch")
     p.add_argument("--top", type=int, default=5, help="emulate the K fastest estimated candidates (default 5; 0: none)")
+    p.add_argument("--max-wall-s", type=float, default=DEFAULT_MAX_WALL_S, metavar="SECONDS",
+                   help="start no batch of emulations that would end past this (default 600; the first always runs)")
     p.add_argument("--out", type=Path, help="plan directory (default runs/plan-<name>)")
     p.add_argument("--workers", type=int, help="emulations run at once on this machine (default: the cores)")
     p.add_argument("--backend", default="inline", help="inline (local worker processes, default) or ray")
@@ -302,7 +326,8 @@ def add_plan_parser(sub) -> argparse.ArgumentParser:
 def cmd_plan(args) -> int:
     """Run ``emulator plan`` from parsed arguments; prints the table. ConfigError for user errors."""
     result = plan(args.run_file, top=args.top, out=args.out, workers=args.workers, backend=args.backend,
-                  address=args.address, quiet=args.quiet, overrides=args.overrides)  # fmt: skip
+                  address=args.address, quiet=args.quiet, overrides=args.overrides,
+                  max_wall_s=args.max_wall_s)  # fmt: skip
     print(format_plan(result))
     print(f"{len(result.candidates)} candidates -> {result.out / 'plan.csv'}", file=sys.stderr, flush=True)
     return 0

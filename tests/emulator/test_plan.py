@@ -127,3 +127,12 @@ def test_user_errors(tmp_path):
     # nothing fits: a 22B model on one GPU
     with pytest.raises(ConfigError, match="fits in memory"):
         plan(RUN_22B, top=0, out=tmp_path / "one", overrides=["cluster.gpus_per_node=1", "parallel.tensor=1"])
+
+
+def test_emulations_stop_at_the_wall_time_budget(tmp_path, capsys):
+    """The first batch always runs; none starts that would end past --max-wall-s."""
+    result = plan(RUN_22B, top=3, out=tmp_path / "p", workers=1, quiet=True, max_wall_s=1e-6)
+    assert len(result.emulated) == 1 and result.emulated[0].rank == 1
+    assert "emulated 1 of the top 3" in capsys.readouterr().err
+    result = plan(RUN_22B, top=3, out=tmp_path / "q", workers=1, quiet=True, max_wall_s=None)
+    assert len(result.emulated) == 3
