@@ -116,3 +116,26 @@ def test_a_run_this_host_cannot_hold_is_refused_before_it_starts(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the run needs ~") and "800000 GPUs" in err[0]
     assert not out.exists()
+
+
+def test_one_topology_per_run_and_no_import_circle(tmp_path, monkeypatch):
+    """``emulator run`` with live figures builds the topology once (run, monitor, results share
+    it), and the results package does not import the run sequence (api -> run -> results, one way)."""
+    import subprocess
+    import sys
+
+    import netmodel.topology
+
+    built = []
+    original = netmodel.topology.Topology.__init__
+
+    def counting(self, cluster, *args, **kwargs):
+        built.append(cluster.world_size)  # (the kernels' warm-up builds a one-node topology of its own)
+        original(self, cluster, *args, **kwargs)
+
+    monkeypatch.setattr(netmodel.topology.Topology, "__init__", counting)
+    run = Path(__file__).parents[2] / "configs/examples/ping-pong.yaml"
+    assert main(["run", str(run), "--out", str(tmp_path / "pp"), "--set", "program_args.iterations=1"]) == 0
+    assert built.count(256) == 1
+    code = "import sys, emulator.results.rundir, emulator.results.report; print('emulator.run' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
