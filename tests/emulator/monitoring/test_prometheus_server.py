@@ -16,7 +16,7 @@ from tests.emulator.monitoring.dashboards import for_prometheus, panel_expressio
 from tests.emulator.monitoring.helpers import free_port, scrape, start_emulator, stop, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
-ITERATIONS = 40  # a few seconds of run: live-only series (ranks still running) get scraped
+ITERATIONS = 120  # ~10 s of run on 2 cores: live-only series (ranks still running) get scraped
 RATE_WINDOW = "10s"  # Grafana's $__rate_interval at a 1 s scrape interval is at least 4 scrapes
 
 
@@ -59,11 +59,16 @@ def test_every_panel_expression_returns_data(tmp_path):
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
     )  # fmt: skip
+    try:
+        # Prometheus first: the run's live-only series (ranks still running) exist only while it runs
+        wait_for(lambda: _ready(prom_port), 30, "Prometheus to be ready")
+    except BaseException:
+        stop(prom)
+        raise
     emulator = start_emulator(exporter_port, tmp_path / "run", "--shards", "2", "--set", "cluster.nodes=2",
                               "--metrics-grace-s", "60", "--set", f"program_args.iterations={ITERATIONS}")  # fmt: skip
     started = time.time()
     try:
-        wait_for(lambda: _ready(prom_port), 30, "Prometheus to be ready")
         wait_for(lambda: (s := scrape(exporter_port)) and s["emulator_run_finished"] == 1, 180, "the run", emulator)
         # the final values scraped three times: every rate window holds samples
         wait_for(lambda: _query(prom_port, "sum_over_time(emulator_run_finished[30s]) >= 3"), 30, "three final scrapes")
