@@ -3,9 +3,10 @@
     emulator validate               # every case (a few minutes: the 1T run emulates 512 GPUs)
     emulator validate --only 22B    # the cases whose name contains "22B"
 
-Cases: nccl-tests bus bandwidth, one 22B transformer layer (Korthikanti et al. 2022 Table 4) and
-whole training iterations of the 22B, 175B, 530B and 1T models (Table 5), with full recomputation
-and with selective recomputation plus sequence parallelism. Nothing here is tuned per case: every
+Cases: nccl-tests bus bandwidth, one 22B transformer layer (Korthikanti et al. 2022 Table 4),
+model-state memory per GPU under ZeRO stages 0-3 (Rajbhandari et al. 2020, Figure 1) and whole
+training iterations of the 22B, 175B, 530B and 1T models (Table 5), with full recomputation and
+with selective recomputation plus sequence parallelism. Nothing here is tuned per case: every
 run uses the shipped cluster preset and the same hardware parameters.
 """
 
@@ -16,7 +17,15 @@ from emulator.config.loader import CONFIG_ROOT, load_cluster, resolve_reference
 from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
 from emulator.summary import iteration_times_ns
-from emulator.validation_cases import KORTHIKANTI, NCCL_BUSBW, TABLE4_22B_MS, TABLE4_NAMES, TABLE5
+from emulator.validation_cases import (
+    KORTHIKANTI,
+    NCCL_BUSBW,
+    RAJBHANDARI,
+    TABLE4_22B_MS,
+    TABLE4_NAMES,
+    TABLE5,
+    ZERO_FIGURE1,
+)
 from netmodel.topology import Topology
 
 
@@ -63,6 +72,24 @@ def layer_times_ms(recompute: str, sequence_parallel: bool) -> tuple[float, floa
     return (t1 - t0) / 1e6, (t2 - t1) / 1e6
 
 
+def zero_model_states_gb(zero_stage: int) -> float:
+    """Model-state memory per GPU (weights, gradients, optimizer) that the emulator allocates for
+    ZeRO Figure 1's case: 64 data-parallel GPUs, 16-bit mixed precision with Adam, per parameter of
+    a real model (llama3-8b, whole: tensor and pipeline 1) scaled to the figure's 7.5e9 parameters."""
+    from emulator.workloads.memory import params_on_rank, static_bytes
+
+    dp = ZERO_FIGURE1["data_parallel"]
+    model, _ = resolve_reference("model", "llama3-8b", CONFIG_ROOT)
+    cluster, _ = resolve_reference("cluster", "dgx-a100-hdr", CONFIG_ROOT)
+    config = from_dict(RunConfig, {
+        "name": f"zero{zero_stage}", "cluster": dict(cluster, nodes=dp // 8), "model": model,
+        "parallel": {"data": dp, "zero_stage": zero_stage},
+        "training": {"micro_batch_size": 1, "precision": "fp16"},  # ZeRO's accounting: 2-byte gradients
+    }, "")  # fmt: skip
+    per_parameter = sum(static_bytes(config, 0)) / params_on_rank(config, 0)
+    return per_parameter * ZERO_FIGURE1["parameters"] / 1e9
+
+
 def _row(case: str, predicted: float, published: float, unit: str, source: str) -> dict:
     return {
         "case": case,
@@ -92,6 +119,11 @@ def run_validation(only: str | None = None) -> list[dict]:
         p_fwd, p_bwd = layer_times_ms(*key)
         rows.append(_row(f"{case}, forward", p_fwd, fwd, "ms", f"{KORTHIKANTI}, Table 4"))
         rows.append(_row(f"{case}, backward", p_bwd, bwd, "ms", f"{KORTHIKANTI}, Table 4"))
+    for stage, published in ZERO_FIGURE1["gb_by_stage"].items():
+        case = f"ZeRO-{stage} model states per GPU, 7.5B on 64 GPUs"
+        if only and only not in case:
+            continue
+        rows.append(_row(case, zero_model_states_gb(stage), published, "GB", f"{RAJBHANDARI}, Figure 1"))
     for row in TABLE5:
         for recompute, sp, published, label in (("full", False, row[8], "full recompute"),
                                                 ("selective", True, row[9], "selective + SP")):  # fmt: skip

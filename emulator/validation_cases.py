@@ -41,3 +41,11 @@ NCCL_BUSBW = [
     ("DGX A100 2 nodes, 8x HDR", "dgx-a100-hdr", 16, 192.0, "NVIDIA/nccl issue 812 (maintainer)"),
     ("8x H100 NVSwitch (ring)", "dgx-h100-ndr", 8, 370.0, "NVIDIA/nccl-tests issue 212 (maintainer)"),
 ]
+
+RAJBHANDARI = (
+    "Rajbhandari et al. 2020, ZeRO: Memory Optimizations Toward Training Trillion Parameter Models (arXiv:1910.02054)"
+)
+
+# Figure 1: model-state memory per GPU (weights, gradients, Adam states in mixed precision: 2 + 2 + 12
+# bytes per parameter) of a 7.5B-parameter model on 64 data-parallel GPUs, in GB (10^9 bytes).
+ZERO_FIGURE1 = {"parameters": 7.5e9, "data_parallel": 64, "gb_by_stage": {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.88}}

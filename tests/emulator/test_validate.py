@@ -37,3 +37,12 @@ def test_nccl_busbw_cases():
     assert len(rows) == 3
     for row in rows:
         assert abs(row["error_pct"]) < 10, row
+
+
+def test_zero_model_states_match_figure_1():
+    """The memory the engine allocates for weights, gradients and Adam states under ZeRO 0-3 is
+    ZeRO's Figure 1 (7.5B parameters, 64 GPUs) to the rounding of the published figures."""
+    rows = run_validation(only="ZeRO")
+    assert [r["published"] for r in rows] == [120.0, 31.4, 16.6, 1.88]
+    for row in rows:
+        assert abs(row["error_pct"]) < 0.5, row
