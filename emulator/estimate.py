@@ -17,9 +17,11 @@ differ in how events interleave, never in what is computed or sent:
   (:func:`ring_collective_ns`), bucketed and overlapped with the last microbatch's backward as
   emulator/workloads/training.py launches them (:func:`data_parallel_tail_ns`);
 - the pipeline: Narayanan et al. 2021 (section 2.2): ``(m*v + p - 1)`` chunk slots for ``m``
-  microbatches, ``p`` stages and ``v`` chunks per stage, i.e. a bubble of ``(p-1)/v`` stage times,
-  generalised to unequal stages (:func:`pipeline_ns`), plus the activation sends of the fill and
-  the drain;
+  microbatches, ``p`` stages and ``v`` chunks per stage, i.e. a bubble of ``(p-1)/v`` stage times
+  (:func:`pipeline_ns`), plus the activation sends of the fill and the drain; stages whose layers
+  take different times (uneven ``pipeline_layers``, GPU types) walk the schedule's actions instead
+  (:func:`schedule_walk_ns`);
+- every stage on its own GPU type and its own tensor group's links (heterogeneous clusters);
 - memory: emulator/workloads/memory.py, the model the emulation allocates by.
 
 What it leaves out (where the emulation can differ): contention between concurrent flows on one
@@ -38,6 +40,7 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
 from emulator.workloads.memory import gpu_type_of_rank, layers_of_stage, params_on_rank, stage_memory
 from emulator.workloads.metrics import model_flops_per_iteration
+from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import BYTES_PER_ELEMENT, layer_shape, model_segments, to_segments
 from netmodel.collectives.analytic import closed_form
 from netmodel.collectives.base import CollectiveCall, ceil_div
@@ -45,6 +48,9 @@ from netmodel.collectives.ring import MAX_CHANNELS
 from netmodel.topology import Topology
 
 MiB = 1 << 20
+# the schedule walk (:func:`schedule_walk_ns`) visits every action: ~1 us each; past this many a
+# candidate takes the closed form of :func:`pipeline_ns` instead, to keep plans of large runs fast
+WALK_MAX_ACTIONS = 20_000
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,59 @@ def pipeline_ns(chunk_ns_by_stage: list[int], micro: int, chunks: int) -> int:
     which is the formula above for equal stages.
     """
     return (micro * chunks - 1) * max(chunk_ns_by_stage) + sum(chunk_ns_by_stage)
+
+
+def schedule_walk_ns(forward_ns: list[list[int]], backward_ns: list[list[int]], hop_ns: list[int], micro: int,
+                     schedule) -> list[int]:  # fmt: skip
+    """When each stage ends its last action, walking the schedule's actions in order (no events).
+
+    ``forward_ns[s][c]`` / ``backward_ns[s][c]``: one microbatch through chunk ``c`` of stage ``s``;
+    ``hop_ns[s]``: a message from stage ``s`` to ``s + 1`` (the last entry: last stage to stage 0,
+    the interleaved wrap-around); ``schedule``: a function of emulator/workloads/schedules.py.
+
+    :func:`pipeline_ns` is exact for equal stages only: with unequal ones (uneven
+    ``pipeline_layers``, stages on different GPU types) the fill, the steady state and the drain
+    are paced by different stages, and 1F1B's alternation lets a fast stage idle between a slow
+    neighbour's forwards and backwards. Here every stage runs its action list as
+    emulator/workloads/training.py does: an action starts when the stage is free and its input
+    has arrived (the neighbour's action ended, then the send queued behind that stage's earlier
+    sends in the same direction and took its hop).
+    """
+    stages, chunks = len(forward_ns), len(forward_ns[0])
+    plans = [schedule(s, stages, micro, chunks) for s in range(stages)]
+    arrival = [-1] * (2 * stages * chunks * micro)  # input ready, by (direction, stage, chunk, microbatch)
+
+    def slot(forward: bool, stage: int, chunk: int, mb: int) -> int:
+        return ((forward * stages + stage) * chunks + chunk) * micro + mb
+
+    position, now = [0] * stages, [0] * stages
+    send_free = [[0, 0] for _ in range(stages)]  # per stage: the backward and the forward send stream
+    progress = True
+    while progress:
+        progress = False
+        for s in range(stages):
+            actions, i, t = plans[s], position[s], now[s]
+            while i < len(actions):
+                forward, mb, c = actions[i]
+                first, final = s == 0 and c == 0, s == stages - 1 and c == chunks - 1
+                # a forward takes its input from the stage before and sends on; a backward the reverse
+                receives, sends = (not first, not final) if forward else (not final, not first)
+                ready = arrival[slot(forward, s, c, mb)] if receives else 0
+                if ready < 0:
+                    break  # waits for a neighbour not walked this far yet
+                t = max(t, ready) + (forward_ns[s][c] if forward else backward_ns[s][c])
+                if sends and forward:
+                    dst, dst_c, hop = (s + 1, c, hop_ns[s]) if s < stages - 1 else (0, c + 1, hop_ns[-1])
+                elif sends:
+                    dst, dst_c, hop = (s - 1, c, hop_ns[s - 1]) if s > 0 else (stages - 1, c - 1, hop_ns[-1])
+                if sends:
+                    send_free[s][forward] = max(send_free[s][forward], t) + hop
+                    arrival[slot(forward, dst, dst_c, mb)] = send_free[s][forward]
+                i += 1
+                progress = True
+            position[s], now[s] = i, t
+    assert all(position[s] == len(plans[s]) for s in range(stages)), "the schedule deadlocks"
+    return now
 
 
 def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns: int, chunks: int, stages: int,
@@ -243,16 +302,15 @@ class Estimator:
         micro = t.global_batch_size // (t.micro_batch_size * p.data)
         elem = BYTES_PER_ELEMENT[t.precision]
         shape = layer_shape(config)
-        tp_group = layout.tensor_group(0)
         grad_bytes = lc.layer_params_per_rank(shape) * (2 if t.precision == "fp16" else 4)
         weight_bytes = lc.layer_params_per_rank(shape) * (4 if t.precision == "fp32" else 2)
         bucket_bytes = int(p.bucket_size_mb * MiB)
         p2p_bytes = t.micro_batch_size * t.seq_length * m.hidden_size * elem // p.tensor
 
-        def tp_ns(op: str, size_bytes: int) -> int:
-            return self.collective_ns(op, size_bytes, tp_group)
-
         chunk_ns: list[int] = []  # forward + backward of one microbatch through one chunk, per stage
+        forward_ns: list[list[int]] = []  # per stage and chunk: one microbatch's forward
+        backward_ns: list[list[int]] = []
+        forward_chunk_ns: list[int] = []  # per stage: one microbatch's forward through one chunk's layers
         backward_chunk_ns: list[int] = []
         compute_ns: list[int] = []  # per stage, per iteration
         exposed_ns: list[int] = []  # per stage, per iteration: TP waits and ZeRO-3 gathers
@@ -262,6 +320,12 @@ class Estimator:
             first_rank = layout.rank(0, 0, s)
             gpu_name = gpu_type_of_rank(config.cluster, first_rank)
             segs = self.segments(config, gpu_name)
+            # each stage's own tensor group: on a heterogeneous cluster its node's scale-up links
+            tp_group = layout.tensor_group(first_rank)
+
+            def tp_ns(op: str, size_bytes: int, tp_group=tp_group) -> int:
+                return self.collective_ns(op, size_bytes, tp_group)
+
             dp_group = layout.data_group(first_rank)
             layers = layers_of_stage(config, s)
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
@@ -278,16 +342,22 @@ class Estimator:
                 stage_fwd, stage_bwd = fwd * layers, bwd * layers
             stage_c = (fwd_c + bwd_c) * layers * chunks
             extra = extra_c = 0
-            if s == 0:
-                for part in (segs.embedding_forward, segs.embedding_backward):
+            # one microbatch through each chunk, forward and backward: the embedding on the first
+            # chunk of stage 0, the logits on the last chunk of the last stage
+            forward_ns.append([stage_fwd] * chunks)
+            backward_ns.append([stage_bwd] * chunks)
+            last = stages - 1
+            ends_of_model = ((segs.embedding_forward, 0, 0, forward_ns), (segs.embedding_backward, 0, 0, backward_ns),
+                             (segs.logits_forward, last, chunks - 1, forward_ns),
+                             (segs.logits_backward, last, chunks - 1, backward_ns))  # fmt: skip
+            for part, on_stage, chunk, direction in ends_of_model:
+                if s == on_stage:
                     ns, c = segments_time_ns(part, tp_ns)
                     extra, extra_c = extra + ns, extra_c + c
-            if s == stages - 1:
-                for part in (segs.logits_forward, segs.logits_backward):
-                    ns, c = segments_time_ns(part, tp_ns)
-                    extra, extra_c = extra + ns, extra_c + c
+                    direction[s][chunk] += ns
             per_micro = (stage_fwd + stage_bwd) * chunks + extra
             chunk_ns.append(per_micro // chunks)
+            forward_chunk_ns.append(stage_fwd)
             backward_chunk_ns.append(stage_bwd)
             compute_ns.append((stage_c + extra_c) * micro)
             exposed_ns.append((per_micro - stage_c - extra_c) * micro)
@@ -310,16 +380,25 @@ class Estimator:
                 tail += self.collective_ns("all_gather", params_on_rank(config, s) * elem, dp_group)
             tails.append(tail)
 
-        # activation / gradient sends between neighbouring stages: once per hop in the fill and the
-        # drain; in the steady state of 1F1B they hide behind the other direction's compute
-        hops = [p2p_ns(self.topo, layout.rank(0, 0, s), layout.rank(0, 0, s + 1), p2p_bytes) for s in range(stages - 1)]
-        last_backward_end = pipeline_ns(chunk_ns, micro, chunks) + 2 * sum(hops)
-        # stage s ends its last backward before stage 0 by the backwards (and sends) of stages < s
-        ends = []
-        ahead = 0
-        for s in range(stages):
-            ends.append(last_backward_end - ahead + tails[s])
-            ahead += backward_chunk_ns[s] + (hops[s] if s < stages - 1 else 0)
+        # a message from each stage to the next; the last: to stage 0 (interleaved wrap-around)
+        hops = [p2p_ns(self.topo, layout.rank(0, 0, s), layout.rank(0, 0, (s + 1) % stages), p2p_bytes)
+                for s in range(stages)] if stages > 1 else [0]  # fmt: skip
+        # stages whose layers take different times (uneven layers, different GPU types): walk the
+        # schedule; equal ones (the embedding and logits aside) keep the closed form, exact for them
+        unequal = len(set(zip(forward_chunk_ns, backward_chunk_ns, strict=True))) > 1
+        if unequal and micro * chunks * stages <= WALK_MAX_ACTIONS:
+            last_ends = schedule_walk_ns(forward_ns, backward_ns, hops, micro, schedule_for(config))
+            ends = [last_ends[s] + tails[s] for s in range(stages)]
+        else:
+            # activation / gradient sends between neighbouring stages: once per hop in the fill and
+            # the drain; in the steady state of 1F1B they hide behind the other direction's compute
+            last_backward_end = pipeline_ns(chunk_ns, micro, chunks) + 2 * sum(hops[:-1])
+            # stage s ends its last backward before stage 0 by the backwards (and sends) of stages < s
+            ends = []
+            ahead = 0
+            for s in range(stages):
+                ends.append(last_backward_end - ahead + tails[s])
+                ahead += backward_chunk_ns[s] + (hops[s] if s < stages - 1 else 0)
         iteration_ns = max(ends)
         busiest = max(range(stages), key=lambda s: compute_ns[s])
         exposed = exposed_ns[busiest] + tails[busiest]
