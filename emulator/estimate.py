@@ -294,6 +294,29 @@ class Estimator:
             ns = self._collectives[key] = ring_collective_ns(self.topo, op, size_bytes, ranks)
         return ns
 
+    def stage_pass_ns(self, config) -> list[tuple[int, int]]:
+        """Per pipeline stage: (one layer's forward + backward, the embedding's or logits' forward +
+        backward) for one microbatch, on the stage's GPU type and tensor group; what an uneven
+        partition (emulator/plan.py) balances. ``config`` only needs its shape and placement: its
+        layers need not divide evenly."""
+        p = config.parallel
+        layout = layout_of(config)
+        passes = []
+        for s in range(p.pipeline):
+            first_rank = layout.rank(0, 0, s)
+            segs = self.segments(config, gpu_type_of_rank(config.cluster, first_rank))
+            tp_group = layout.tensor_group(first_rank)
+
+            def tp_ns(op: str, size_bytes: int, tp_group=tp_group) -> int:
+                return self.collective_ns(op, size_bytes, tp_group)
+
+            ends = ([segs.embedding_forward, segs.embedding_backward] if s == 0 else []) + (
+                [segs.logits_forward, segs.logits_backward] if s == p.pipeline - 1 else []
+            )
+            layer = sum(segments_time_ns(part, tp_ns)[0] for part in (segs.layer_forward, segs.layer_backward))
+            passes.append((layer, sum(segments_time_ns(part, tp_ns)[0] for part in ends)))
+        return passes
+
     def estimate(self, config) -> Estimate:
         """The estimated iteration of a validated RunConfig with a model (see the module docstring)."""
         p, t, m = config.parallel, config.training, config.model

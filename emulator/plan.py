@@ -13,8 +13,16 @@ the sweep machinery (emulator/sweep.py). ``DIR/plan.csv`` has one row per candid
 ``DIR/emulated/`` the sweep of the emulated ones, ``DIR/best.yaml`` the run file of the best plan
 (the best emulated one; the best estimated one when none was emulated), ready for ``emulator run``.
 
-Uneven pipeline partitions (``parallel.pipeline_layers``) are not searched: a base run that has
-them is planned with even partitions.
+Heterogeneous clusters (node groups of different GPU types, configs/clusters/hetero-a100-h100.yaml):
+pipeline stages take the node groups in order (Megatron order, pipeline outermost: stage ``s`` is
+the ``s``-th block of ``world / pipeline`` ranks), so a stage's GPU type follows from the split.
+Where the stages' layers take different times, the planner also enumerates uneven partitions
+(``parallel.pipeline_layers``, :func:`uneven_partitions`), giving each stage layers in proportion
+to its speed as HETHUB does (Xu et al. 2024, arXiv:2405.16256: layers split over heterogeneous
+stages by their computing power and memory): the per-layer time of each stage's GPU type comes
+from the estimate, and each partition is moved layer by layer off stages that would not fit in
+memory. Pipeline sizes that do not divide the layers are then searched too. A base run's own
+``pipeline_layers`` is not kept: the planner chooses them.
 """
 
 from __future__ import annotations
@@ -43,9 +51,10 @@ DEFAULT_MAX_WALL_S = 600.0
 RECOMPUTE = ("none", "selective", "full")
 # the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
 KNOBS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
-         "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage", "training.micro_batch_size",
-         "training.recompute")  # fmt: skip
+         "parallel.pipeline_layers", "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage",
+         "training.micro_batch_size", "training.recompute")  # fmt: skip
 SHORT = {"parallel.tensor": "tp", "parallel.pipeline": "pp", "parallel.data": "dp", "parallel.virtual_stages": "v",
+         "parallel.pipeline_layers": "layers",
          "parallel.schedule": "schedule", "parallel.sequence_parallel": "sp", "parallel.zero_stage": "zero",
          "training.micro_batch_size": "mbs", "training.recompute": "recompute"}  # fmt: skip
 
@@ -54,16 +63,17 @@ SHORT = {"parallel.tensor": "tp", "parallel.pipeline": "pp", "parallel.data": "d
 class Candidate:
     """One parallelisation: its knobs (``--set`` key paths), resolved config and estimate."""
 
-    knobs: dict[str, Any]
+    knobs: dict[str, Any]  # parallel.pipeline_layers: None (even) or a tuple of layers per stage
     config: Any
     estimate: Estimate | None = None
     rank: int | None = None  # position among the fitting candidates, by estimated time (1 = fastest)
     emulated: dict = field(default_factory=dict)  # the sweep's row, when emulated
 
     def overrides(self) -> dict[str, Any]:
-        """The knobs as sweep overrides; an uneven partition of the base run is dropped."""
+        """The knobs as sweep overrides (an even candidate drops the base run's uneven partition)."""
         points = dict(self.knobs)
-        points["parallel.pipeline_layers"] = None
+        layers = points["parallel.pipeline_layers"]
+        points["parallel.pipeline_layers"] = list(layers) if layers is not None else None
         return points
 
 
@@ -71,12 +81,88 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_candidates(base, limit: int = MAX_CANDIDATES) -> tuple[list[Candidate], int, bool]:
+def proportional_layers(total: int, layer_ns: list[int]) -> list[int]:
+    """``total`` layers over stages in proportion to their speed (1 / ``layer_ns``), at least one
+    each, rounded by largest remainder so that they sum to ``total``."""
+    speeds = [1 / t for t in layer_ns]
+    shares = [total * v / sum(speeds) for v in speeds]
+    layers = [max(1, int(x)) for x in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda s: layers[s] - shares[s])
+    i = 0
+    while sum(layers) != total:
+        s = by_remainder[i % len(layers)]
+        if sum(layers) < total:
+            layers[s] += 1
+        elif layers[s] > 1:
+            layers[s] -= 1
+        i += 1
+    return layers
+
+
+def balanced_layers(total: int, layer_ns: list[int], extra_ns: list[int]) -> list[int]:
+    """The partition of ``total`` layers that minimises the slowest stage, ``layers * layer_ns +
+    extra_ns`` (the embedding and the logits on the end stages): one layer at a time to the stage
+    that ends up fastest with it (greedy, optimal for costs that grow linearly)."""
+    layers = [1] * len(layer_ns)
+    for _ in range(total - len(layer_ns)):
+        s = min(range(len(layers)), key=lambda s: ((layers[s] + 1) * layer_ns[s] + extra_ns[s], s))
+        layers[s] += 1
+    return layers
+
+
+def uneven_partitions(total: int, passes: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """The partitions of ``total`` layers worth estimating for stages of ``passes`` (per stage: one
+    layer's and the end layers' time, :meth:`Estimator.stage_pass_ns`): in proportion to speed,
+    balanced with the end layers, and the balanced one with one layer moved off its slowest stage
+    to each other stage (the pipeline's fill and drain and the data-parallel tail are not in the
+    balance, the estimate sorts them out)."""
+    layer_ns = [t for t, _ in passes]
+    extra_ns = [e for _, e in passes]
+    balanced = balanced_layers(total, layer_ns, extra_ns)
+    found = [tuple(proportional_layers(total, layer_ns)), tuple(balanced)]
+    slowest = max(range(len(balanced)), key=lambda s: balanced[s] * layer_ns[s] + extra_ns[s])
+    for s in range(len(balanced)):
+        if s != slowest and balanced[slowest] > 1:
+            moved = list(balanced)
+            moved[slowest] -= 1
+            moved[s] += 1
+            found.append(tuple(moved))
+    return list(dict.fromkeys(found))
+
+
+def fit_in_memory(config, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """``layers`` with layers moved, one at a time, from the stage furthest over its GPU's memory to
+    the one with the most room, until every stage fits (or no move helps: returned as it is, the
+    estimate then marks it as not fitting)."""
+    from emulator.workloads.memory import stage_memory
+
+    config = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel))
+    layers = list(layers)
+    for _ in range(sum(layers)):
+        config.parallel.pipeline_layers = layers
+        use = [m.peak_bytes / m.capacity_bytes if m.capacity_bytes else float("inf")
+               for m in (stage_memory(config, s) for s in range(len(layers)))]  # fmt: skip
+        over, room = max(range(len(use)), key=use.__getitem__), min(range(len(use)), key=use.__getitem__)
+        if use[over] <= 1 or layers[over] <= 1 or over == room:
+            break
+        layers[over] -= 1
+        layers[room] += 1
+    return tuple(layers)
+
+
+def is_heterogeneous(cluster) -> bool:
+    """Node groups of more than one GPU type or scale-up: stages may differ in speed."""
+    return len({(g.gpu, g.scale_up.bandwidth_GBps, g.scale_up.efficiency) for g in cluster.groups()}) > 1
+
+
+def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> tuple[list[Candidate], int, bool]:
     """(valid candidates, combinations tried, whether ``limit`` cut the enumeration short).
 
     ``base``: the run's validated RunConfig (with a model). Every candidate is validated as
     ``emulator run`` would (the RunConfig rules and the layer shape's divisibility rules); the
-    combinations that fail are counted, not kept.
+    combinations that fail are counted, not kept. On a heterogeneous cluster, uneven partitions
+    (:func:`uneven_partitions`) join the even ones, timed by ``estimator`` (an
+    :class:`~emulator.estimate.Estimator` of the cluster; built when not given).
     """
     from emulator.config.schema import ParallelConfig, RunConfig
     from emulator.workloads.segments import layer_shape
@@ -85,16 +171,23 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES) -> tuple[list[Candid
         raise ConfigError("plan: the run file needs a 'model' (the planner searches the built-in training workload)")
     m, t, cluster = base.model, base.training, base.cluster
     world = cluster.world_size
+    hetero = is_heterogeneous(cluster)
+    if hetero and estimator is None:
+        from netmodel.topology import Topology
+
+        estimator = Estimator(Topology(cluster))
     gpus_per_node = min(g.gpus_per_node for g in cluster.groups())
     tensors = [d for d in _divisors(gpus_per_node) if m.num_attention_heads % d == 0 and world % d == 0]
-    pipelines = [d for d in _divisors(m.num_layers) if world % d == 0]
+    # uneven partitions let any pipeline size up to the layers in, on a heterogeneous cluster
+    pipelines = [d for d in _divisors(world) if (m.num_layers % d == 0 or hetero) and d <= m.num_layers]
     candidates: list[Candidate] = []
     tried = 0
     for tp, pp in itertools.product(tensors, pipelines):
         if world % (tp * pp):
             continue
         dp = world // (tp * pp)
-        chunks = [v for v in _divisors(m.num_layers // pp) if v <= MAX_VIRTUAL_STAGES and (v == 1 or pp > 1)]
+        chunks = [v for v in _divisors(m.num_layers) if v <= MAX_VIRTUAL_STAGES and (v == 1 or pp > 1)
+                  and (m.num_layers % (pp * v) == 0 or (hetero and m.num_layers // v >= pp))]  # fmt: skip
         for v, mbs in itertools.product(chunks, MICRO_BATCH_SIZES):
             if t.global_batch_size % (mbs * dp):
                 continue
@@ -104,10 +197,14 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES) -> tuple[list[Candid
             ):
                 if tried >= limit:
                     return candidates, tried, True
-                tried += 1
+                tried += 1  # the combination (its first partition)
+                per_stage = m.num_layers // v
+                # even when the layers divide; a near-even placeholder to validate the rest otherwise
+                even = m.num_layers % (pp * v) == 0
+                placeholder = None if even else proportional_layers(per_stage, [1] * pp)
                 parallel = dataclasses.replace(base.parallel, tensor=tp, pipeline=pp, data=dp, virtual_stages=v,
                                                schedule=schedule, sequence_parallel=sp, zero_stage=zero,
-                                               pipeline_layers=None)  # fmt: skip
+                                               pipeline_layers=placeholder)  # fmt: skip
                 training = dataclasses.replace(t, micro_batch_size=mbs, recompute=recompute)
                 config = dataclasses.replace(base, parallel=parallel, training=training)
                 try:
@@ -116,14 +213,28 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES) -> tuple[list[Candid
                     layer_shape(config)  # divisibility of heads, KV groups, FFN and sequence by tp
                 except ConfigError:
                     continue
-                knobs = dict(zip(KNOBS, (tp, pp, dp, v, schedule, sp, zero, mbs, recompute), strict=True))
-                candidates.append(Candidate(knobs, config))
+                partitions: list[tuple[int, ...] | None] = [None] if even else []
+                if hetero and pp > 1:
+                    passes = estimator.stage_pass_ns(config)
+                    if len({layer_ns for layer_ns, _ in passes}) > 1:  # stages of different speeds
+                        moved = (fit_in_memory(config, p) for p in uneven_partitions(per_stage, passes))
+                        partitions += [p for p in dict.fromkeys(moved) if len(set(p)) > 1 or not even]
+                for i, layers in enumerate(partitions):
+                    if i:  # each further partition is a combination of its own
+                        if tried >= limit:
+                            return candidates, tried, True
+                        tried += 1
+                    chosen = dataclasses.replace(
+                        config, parallel=dataclasses.replace(parallel, pipeline_layers=list(layers) if layers else None)
+                    )
+                    values = (tp, pp, dp, v, layers, schedule, sp, zero, mbs, recompute)
+                    candidates.append(Candidate(dict(zip(KNOBS, values, strict=True)), chosen))
     return candidates, tried, False
 
 
-def rank_candidates(candidates: list[Candidate], topo) -> list[Candidate]:
+def rank_candidates(candidates: list[Candidate], topo, estimator: Estimator | None = None) -> list[Candidate]:
     """Estimate every candidate; the fitting ones fastest first (``rank`` set), then the rest."""
-    estimator = Estimator(topo)
+    estimator = estimator or Estimator(topo)
     for c in candidates:
         c.estimate = estimator.estimate(c.config)
     fitting = sorted((c for c in candidates if c.estimate.fits), key=lambda c: c.estimate.iteration_time_s)
@@ -155,7 +266,8 @@ def write_plan_csv(path: Path, candidates: list[Candidate]) -> None:
             e = c.estimate
             error = estimate_error(c)
             writer.writerow({
-                "rank": c.rank if c.rank is not None else "", **c.knobs, "fits": e.fits,
+                "rank": c.rank if c.rank is not None else "", **c.knobs,
+                "parallel.pipeline_layers": _layers(c.knobs["parallel.pipeline_layers"], ""), "fits": e.fits,
                 "est_iteration_time_s": f"{e.iteration_time_s:.6g}", "est_peak_memory_bytes": e.peak_memory_bytes,
                 "est_mfu": f"{e.mfu:.4g}", "est_compute_s": f"{e.compute_s:.6g}", "est_bubble_s": f"{e.bubble_s:.6g}",
                 "est_exposed_comm_s": f"{e.exposed_comm_s:.6g}",
@@ -215,9 +327,11 @@ def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, work
     base = load_config(run_file, overrides)
     out_dir = Path(out) if out is not None else Path("runs") / f"plan-{base.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    candidates, tried, truncated = enumerate_candidates(base, limit)
+    topo = Topology(base.cluster)
+    estimator = Estimator(topo)
+    candidates, tried, truncated = enumerate_candidates(base, limit, estimator)
     start = time.perf_counter()
-    candidates = rank_candidates(candidates, Topology(base.cluster))
+    candidates = rank_candidates(candidates, topo, estimator)
     ms_each = (time.perf_counter() - start) * 1e3 / max(1, len(candidates))
     fitting = [c for c in candidates if c.rank is not None]
     if not fitting:
@@ -277,7 +391,7 @@ def format_plan(result: PlanResult, rows: int = 10) -> str:
         mfu = number(c.emulated.get("mfu"))
         peak = number(c.emulated.get("peak_memory_bytes"))
         lines.append([
-            str(c.rank), *(str(c.knobs[k]).lower() if isinstance(c.knobs[k], bool) else str(c.knobs[k]) for k in KNOBS),
+            str(c.rank), *(_value(c.knobs[k]) for k in KNOBS),
             f"{c.estimate.iteration_time_s:.4f}", f"{emulated:.4f}" if emulated is not None else "-",
             f"{error:+.1%}" if error is not None else "-",
             f"{mfu if mfu is not None else c.estimate.mfu:.3f}",
@@ -303,7 +417,16 @@ def format_plan(result: PlanResult, rows: int = 10) -> str:
 
 
 def _value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "/".join(map(str, value))
+    if value is None:  # only pipeline_layers is ever None: an even partition
+        return "even"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _layers(layers: tuple[int, ...] | None, even: str) -> str:
+    """A partition as plan.csv writes it: the YAML list ``--set parallel.pipeline_layers=`` takes."""
+    return f"[{', '.join(map(str, layers))}]" if layers is not None else even
 
 
 def add_plan_parser(sub) -> argparse.ArgumentParser:

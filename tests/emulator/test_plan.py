@@ -10,7 +10,16 @@ import pytest
 from emulator.api import load_config, run
 from emulator.errors import ConfigError
 from emulator.hardware.gpus import get_gpu
-from emulator.plan import KNOBS, enumerate_candidates, plan, rank_candidates
+from emulator.plan import (
+    KNOBS,
+    balanced_layers,
+    enumerate_candidates,
+    fit_in_memory,
+    plan,
+    proportional_layers,
+    rank_candidates,
+    uneven_partitions,
+)
 from emulator.workloads.memory import stage_memory
 from netmodel.topology import Topology
 
@@ -136,3 +145,77 @@ def test_emulations_stop_at_the_wall_time_budget(tmp_path, capsys):
     assert "emulated 1 of the top 3" in capsys.readouterr().err
     result = plan(RUN_22B, top=3, out=tmp_path / "q", workers=1, quiet=True, max_wall_s=None)
     assert len(result.emulated) == 3
+
+
+HETERO = ROOT / "configs" / "runs" / "hetero-uneven-pipeline.yaml"
+
+
+def test_proportional_split_by_hand():
+    """Two GPU types, the second twice as fast per layer: 40 layers split 13/27 (13.33 and 26.67 rounded
+    by largest remainder); balancing 2 ms of logits on the fast stage moves one layer to the slow one."""
+    assert proportional_layers(40, [2, 1]) == [13, 27]
+    assert sorted(proportional_layers(10, [1, 1, 1])) == [3, 3, 4]
+    assert balanced_layers(40, [2, 1], [0, 0]) == [13, 27]  # max(26, 27) beats max(28, 26)
+    assert balanced_layers(40, [2, 1], [0, 2]) == [14, 26]  # max(28, 28)
+    parts = uneven_partitions(40, [(2, 0), (1, 2)])
+    assert parts[:2] == [(13, 27), (14, 26)] and all(sum(p) == 40 and min(p) >= 1 for p in parts)
+
+
+def test_uneven_partitions_are_valid_and_respect_memory():
+    """On the A100 + H100 cluster: every uneven candidate loads as a run file, gives the H100 stages at
+    least as many layers as the A100 stages, and its fitting flag is the memory model's."""
+    base = load_config(HETERO)
+    candidates, _, _ = enumerate_candidates(base, limit=4000)
+    uneven = [c for c in candidates if c.knobs["parallel.pipeline_layers"] is not None]
+    assert uneven and any(c.knobs["parallel.pipeline_layers"] is None for c in candidates)
+    ranked = rank_candidates(uneven, Topology(base.cluster))
+    for c in ranked[:: max(1, len(ranked) // 40)]:
+        layers = c.knobs["parallel.pipeline_layers"]
+        loaded = load_config(HETERO, c.overrides())
+        assert loaded.parallel.pipeline_layers == list(layers)
+        assert sum(layers) * loaded.parallel.virtual_stages == base.model.num_layers
+        stages = [stage_memory(loaded, s) for s in range(loaded.parallel.pipeline)]
+        assert c.estimate.fits == all(s.peak_bytes <= s.capacity_bytes for s in stages)
+        half = len(layers) // 2  # stages of the first half on the A100 nodes, the rest on the H100s
+        if len(layers) % 2 == 0:
+            assert min(layers[half:]) >= max(layers[:half]) - 1, layers
+
+
+def test_memory_moves_layers_off_a_stage_that_does_not_fit():
+    """A partition that puts almost every layer of a 40-layer 13B model on stage 0 (tensor 2, no
+    recomputation, 4 microbatches in flight there: ~190 GiB) is moved until every stage fits."""
+    knobs = {"training.recompute": "none", "parallel.tensor": 2, "parallel.data": 4}
+    config = load_config(HETERO, {**knobs, "parallel.pipeline_layers": [37, 1, 1, 1]})
+    assert stage_memory(config, 0).peak_bytes > stage_memory(config, 0).capacity_bytes
+    layers = fit_in_memory(config, (37, 1, 1, 1))
+    assert sum(layers) == 40 and layers[0] < 37
+    moved = load_config(HETERO, {**knobs, "parallel.pipeline_layers": list(layers)})
+    assert all(stage_memory(moved, s).peak_bytes <= stage_memory(moved, s).capacity_bytes for s in range(4))
+
+
+def test_hetero_plan_beats_the_even_split(tmp_path):
+    """The planner's best emulated plan on the A100 + H100 run is no slower than the run's even split;
+    plan.csv carries the partition and best.yaml runs it."""
+    even = run(load_config(HETERO, {"parallel.pipeline_layers": None}), trace_ranks="none").summary
+    result = plan(HETERO, top=2, workers=2, out=tmp_path / "p", quiet=True)
+    best = result.best
+    assert best.emulated.get("status") == "ok"
+    assert float(best.emulated["iteration_time_s"]) <= even["iteration_time_s"]
+    rows = list(csv.DictReader((tmp_path / "p" / "plan.csv").open()))
+    assert any(r["parallel.pipeline_layers"].startswith("[") for r in rows)
+    assert any(r["parallel.pipeline_layers"] == "" for r in rows)
+    planned = load_config(tmp_path / "p" / "best.yaml")
+    assert planned.parallel.pipeline_layers == (list(best.knobs["parallel.pipeline_layers"])
+                                                if best.knobs["parallel.pipeline_layers"] else None)  # fmt: skip
+
+
+def test_planned_example_runs_and_beats_the_shipped_split():
+    """configs/runs/hetero-uneven-pipeline-planned.yaml: the same model, cluster and batch, faster."""
+    planned_config = load_config(ROOT / "configs" / "runs" / "hetero-uneven-pipeline-planned.yaml")
+    shipped_config = load_config(HETERO)
+    assert planned_config.model == shipped_config.model
+    assert planned_config.training.global_batch_size == shipped_config.training.global_batch_size
+    planned = run(planned_config, trace_ranks="none").summary["iteration_time_s"]
+    shipped = run(shipped_config, trace_ranks="none").summary["iteration_time_s"]
+    even = run(load_config(HETERO, {"parallel.pipeline_layers": None}), trace_ranks="none").summary
+    assert planned < shipped < even["iteration_time_s"]
