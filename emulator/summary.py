@@ -15,6 +15,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
+from emulator.faults import applied_faults, stragglers
+
 
 @dataclass
 class RankResult:
@@ -28,6 +30,9 @@ class RankResult:
     marks_ns: list[int]
     wait_ns: dict[str, dict[str, int]]  # stream -> {stream it waited on: ns}
     flops: float = 0.0  # FLOPs of the compute ops it ran
+    # what compute_ns would have been without faults (emulator/faults.py): derived from the config,
+    # hence not in the fingerprint; None where unknown (results written before faults existed)
+    nominal_compute_ns: int | None = None
 
 
 @dataclass
@@ -58,9 +63,10 @@ def export_shard(shard) -> dict:
     data = shard.stats.export(owned_links)
     fold = getattr(shard, "fold", 1)
     rows = []
+    lost = getattr(shard, "compute_lost_ns", {})  # charged minus nominal compute, by rank (faults)
     for g in (shard.gpus[r] for r in sorted(shard.gpus)):
         row = (g.rank, g.node, g.last_time, g.ops_done, g.compute_ns, g.comm_ns, g.mem_peak, list(g.marks),
-               g.wait_ns, g.flops_done)  # fmt: skip
+               g.wait_ns, g.flops_done, g.compute_ns - lost.get(g.rank, 0))  # fmt: skip
         # under symmetry folding the representative's figures are every folded rank's
         rows.extend((g.rank + j, *row[1:]) for j in range(fold))
     data["ranks"] = rows
@@ -193,7 +199,9 @@ def histogram_label(bucket: int) -> str:
 
 
 def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards: int) -> dict:
-    """The core figures of ``summary.json`` (workloads add theirs on top)."""
+    """The core figures of ``summary.json`` (workloads add theirs on top); with faults in the run
+    (emulator/faults.py, carried by the topology) also ``faults`` (each entry resolved to ranks and
+    links) and ``stragglers`` (the ranks whose compute was slowed and the compute time they lost)."""
     sim_ns = max((r.final_time_ns for r in result.ranks), default=0)
     iters = iteration_times_ns(result)
     names = topo.tier_names
@@ -203,7 +211,7 @@ def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards:
         tier_busy[names[topo.link_tier[link]]] += busy
     for link in range(len(topo.link_bw)):
         tier_capacity_links[names[topo.link_tier[link]]] += 1
-    return {
+    summary = {
         "name": "",
         "backend": backend,
         "shards": shards,
@@ -237,3 +245,8 @@ def summarize(result: RunResult, topo, wall_time_s: float, backend: str, shards:
         "shard_nodes": result.extra.get("shard_nodes")
         or [{"node_id": "in-process", "host": socket.gethostname()}] * shards,
     }
+    faults = applied_faults(getattr(topo, "faults", None), topo)
+    if faults is not None:
+        summary["faults"] = faults
+        summary["stragglers"] = stragglers(result)
+    return summary

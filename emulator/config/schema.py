@@ -6,12 +6,13 @@ Names follow Megatron-LM so that users feel at home (``num_layers``, ``hidden_si
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from emulator.config import limits as lim
 from emulator.config.cluster import ClusterConfig
-from emulator.config.typed import require, require_range
+from emulator.config.typed import require, require_range, shown
 
 
 @dataclass
@@ -133,6 +134,186 @@ class EngineConfig:
 
 
 @dataclass
+class SlowGpuFault:
+    """Ranks or nodes whose kernels run at ``factor`` of normal speed (each lasts duration / factor),
+    for the whole run or for the kernels that start inside ``[start_s, end_s)`` (virtual seconds)."""
+
+    factor: float
+    ranks: list[int] | None = None
+    nodes: list[int] | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+
+    def validate(self, path: str) -> None:
+        require_range(self, path, "factor", lim.MIN_FAULT_FACTOR, 1)
+        require_targets(self, path, required=True)
+        require_range(self, path, "start_s", 0, lim.MAX_FAULT_TIME_S)
+        require_range(self, path, "end_s", 0, lim.MAX_FAULT_TIME_S)
+        if self.start_s is not None and self.end_s is not None:
+            require(
+                self.end_s > self.start_s,
+                f"{path}: end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})",
+            )
+
+    @property
+    def windowed(self) -> bool:
+        return self.start_s is not None or self.end_s is not None
+
+
+@dataclass
+class JitterFault:
+    """Every kernel's duration times a seeded lognormal(0, ``sigma``) factor, drawn per rank in the
+    rank's launch order; all ranks unless ``ranks`` or ``nodes`` are given."""
+
+    sigma: float
+    ranks: list[int] | None = None
+    nodes: list[int] | None = None
+
+    def validate(self, path: str) -> None:
+        require_range(self, path, "sigma", 0, lim.MAX_JITTER_SIGMA)
+        require_targets(self, path, required=False)
+
+
+@dataclass
+class NicRef:
+    """NIC ``index`` of node ``node`` (both directions: its tx and rx links)."""
+
+    node: int
+    index: int = 0
+
+    def validate(self, path: str) -> None:
+        require_range(self, path, "node", 0, lim.MAX_NODES)
+        require_range(self, path, "index", 0, lim.MAX_NICS_PER_NODE)
+
+
+@dataclass
+class SlowLinkFault:
+    """Links at ``factor`` of their bandwidth for the whole run: ``links`` by their ``links.csv``
+    names, a ``nic`` of a node (tx and rx), or a whole ``tier`` (every link of it, both directions)."""
+
+    factor: float
+    links: list[str] | None = None
+    nic: NicRef | None = None
+    tier: str | None = None
+    # refused when given: the compiled collective engine keeps one bandwidth per link for the whole
+    # run, so a window could not be honoured identically by both engines (yet)
+    start_s: float | None = None
+    end_s: float | None = None
+
+    def validate(self, path: str) -> None:
+        require_range(self, path, "factor", lim.MIN_FAULT_FACTOR, 1)
+        chosen = [key for key in ("links", "nic", "tier") if getattr(self, key) is not None]
+        require(
+            len(chosen) == 1,
+            f"{path}: give exactly one of links, nic, tier" + (f" (got {', '.join(chosen)})" if chosen else ""),
+        )
+        require(self.links != [], f"{path}.links: the list is empty")
+        for key in ("start_s", "end_s"):
+            require(
+                getattr(self, key) is None,
+                f"{path}.{key}: time windows are not supported for slow links (a degraded link keeps its "
+                f"bandwidth for the whole run); remove {key}",
+            )
+
+
+@dataclass
+class FaultsConfig:
+    """What goes wrong during the run (emulator/faults.py); every random draw derives from ``seed``."""
+
+    seed: int = 0
+    slow_gpu: list[SlowGpuFault] = field(default_factory=list)
+    jitter: JitterFault | None = None
+    slow_link: list[SlowLinkFault] = field(default_factory=list)
+
+    def validate(self, path: str) -> None:
+        require_range(self, path, "seed", 0, lim.MAX_FAULT_SEED)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.slow_gpu or self.slow_link or (self.jitter is not None and self.jitter.sigma > 0))
+
+    def check_cluster(self, cluster: ClusterConfig, path: str = "faults") -> None:
+        """Every rank, node, NIC, link and tier named exists in ``cluster``."""
+        world, nodes = cluster.world_size, cluster.total_nodes
+        targeted = [(f"{path}.slow_gpu[{i}]", f) for i, f in enumerate(self.slow_gpu)]
+        if self.jitter is not None:
+            targeted.append((f"{path}.jitter", self.jitter))
+        for where, fault in targeted:
+            for rank in fault.ranks or ():
+                require(0 <= rank < world, f"{where}.ranks: rank {rank} is not in the cluster (ranks 0..{world - 1})")
+            for node in fault.nodes or ():
+                require(0 <= node < nodes, f"{where}.nodes: node {node} is not in the cluster (nodes 0..{nodes - 1})")
+        groups = cluster.groups()
+        tiers = [g.scale_up.name for g in groups] + [t.name for t in cluster.tiers]
+        for i, fault in enumerate(self.slow_link):
+            where = f"{path}.slow_link[{i}]"
+            if fault.tier is not None:
+                require(
+                    fault.tier in tiers,
+                    f"{where}.tier: unknown tier {shown(fault.tier)}; tiers of this cluster: "
+                    f"{', '.join(dict.fromkeys(tiers))}",
+                )
+            if fault.nic is not None:
+                node, index = fault.nic.node, fault.nic.index
+                require(
+                    0 <= node < nodes, f"{where}.nic.node: node {node} is not in the cluster (nodes 0..{nodes - 1})"
+                )
+                count = _node_group(groups, node).nic.count
+                require(index < count, f"{where}.nic.index: node {node} has {count} NICs (0..{count - 1}), got {index}")
+            for name in fault.links or ():
+                require(
+                    _link_exists(cluster, groups, name),
+                    f"{where}.links: no link {shown(name)} in this cluster (names as in links.csv: "
+                    f"gpu0.{groups[0].scale_up.name}.tx, node0.nic0.rx, ...)",
+                )
+
+
+def require_targets(fault, path: str, required: bool) -> None:
+    """At most one of ``ranks`` / ``nodes`` (exactly one when ``required``), not empty, no repeats."""
+    chosen = [key for key in ("ranks", "nodes") if getattr(fault, key) is not None]
+    require(len(chosen) <= 1, f"{path}: give ranks or nodes, not both")
+    require(not required or chosen, f"{path}: give the ranks or the nodes it applies to")
+    for key in chosen:
+        values = getattr(fault, key)
+        require(values, f"{path}.{key}: the list is empty")
+        require(len(set(values)) == len(values), f"{path}.{key}: {shown(values)} repeats an entry")
+
+
+def _node_group(groups: list, node: int):
+    for group in groups:
+        if node < group.nodes:
+            return group
+        node -= group.nodes
+    raise AssertionError("node checked against the cluster first")
+
+
+_GPU_LINK = re.compile(r"gpu(\d+)\.(.+)\.(tx|rx)")
+_NODE_LINK = re.compile(r"node(\d+)\.nic(\d+)\.(.+)")
+
+
+def _link_exists(cluster: ClusterConfig, groups: list, name: str) -> bool:
+    """Whether ``name`` is a link of ``cluster`` (the names of netmodel/topology.py), without
+    building the topology: a million-GPU cluster has millions of links."""
+    match = _GPU_LINK.fullmatch(name)
+    if match:
+        rank = int(match.group(1))
+        for group in groups:
+            size = group.nodes * group.gpus_per_node
+            if rank < size:
+                return match.group(2) == group.scale_up.name
+            rank -= size
+        return False
+    match = _NODE_LINK.fullmatch(name)
+    if not match or int(match.group(1)) >= cluster.total_nodes:
+        return False
+    if int(match.group(2)) >= _node_group(groups, int(match.group(1))).nic.count:
+        return False
+    tiers = cluster.tiers
+    shares = {f"{a.name}-{b.name}.{d}" for a, b in zip(tiers, tiers[1:], strict=False) for d in ("up", "down")}
+    return match.group(3) in {"tx", "rx"} | shares
+
+
+@dataclass
 class RunConfig:
     """A run file: what to emulate on which cluster."""
 
@@ -144,8 +325,14 @@ class RunConfig:
     program: str | None = None  # "path.py:function"; default: the built-in training workload
     program_args: dict[str, Any] = field(default_factory=dict)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)  # stragglers, jitter, slow links
 
     def validate(self, path: str) -> None:
+        self.faults.check_cluster(self.cluster)
+        # the topology is built from the cluster in several places (the run, each Ray shard, the
+        # monitor, the results): the faults travel with the cluster so that every one sees them
+        # (netmodel/topology.py applies the slow links; not a field: config.yaml has them once)
+        self.cluster.faults = self.faults
         require(
             self.program is not None or self.model is not None,
             "the run needs either 'program: path.py:function' or a 'model' for the built-in training workload",

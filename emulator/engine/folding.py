@@ -12,12 +12,15 @@ ranks and its rail's link figures to the other rails. The results - every rank's
 operation counts, every link's bytes and busy time, hence the fingerprint - are the same as
 without folding (tested); the engine processes ``fold`` times fewer events.
 
-``engine.fold_tensor_groups: false`` turns it off.
+``engine.fold_tensor_groups: false`` turns it off; so do faults that make the ranks of a group
+differ (a slow GPU, jitter, a slow link other than a whole tier: emulator/faults.py).
 """
 
 from __future__ import annotations
 
 import re
+
+from emulator.faults import breaks_symmetry
 
 
 def fold_factor(config, topo) -> int:
@@ -27,6 +30,8 @@ def fold_factor(config, topo) -> int:
         return 1
     if config.model is None or config.program is not None:
         return 1  # only the built-in workload is symmetric by construction
+    if breaks_symmetry(config):
+        return 1  # the results must stay exact: a folded group would copy its representative's
     tensor = config.parallel.tensor
     if tensor < 2:
         return 1

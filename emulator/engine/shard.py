@@ -36,6 +36,7 @@ from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RE
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
+from emulator.faults import ComputeFaults
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
@@ -90,6 +91,9 @@ class Shard(CollectiveExecution):
                 self.gpus[rank].trace = []
         self.program = program
         self.program_args = program_args if program_args is not None else {}
+        # slow GPUs and jitter of the hosted ranks (emulator/faults.py); None: every kernel nominal
+        self.compute_faults = ComputeFaults.for_config(config, topo, self.gpus)
+        self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
 
     # -- programs ------------------------------------------------------------------------------
     def start(self) -> tuple[float, float, dict[int, list], float]:
@@ -161,12 +165,23 @@ class Shard(CollectiveExecution):
         g = self.groups.get(ranks)
         if g is None:
             tier = max(self.topo.tier_of(ranks[0], r) for r in ranks)
-            g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0)
+            g = self.groups[ranks] = Group(ranks, tier, one_node=tier == 0 and self._even_ports(ranks, tier))
             g.cross = tuple(sorted({self.rank_shard[r] for r in ranks} - {self.index}))
             # with folding, only representatives issue calls: a group of one representative
             # and its tensor peers completes when the representative arrives
             g.arrivals = sum(1 for r in ranks if is_representative(r, self.fold))
         return g
+
+    def _even_ports(self, ranks: tuple[int, ...], tier: int) -> bool:
+        """Whether the scale-up ports of a one-node group share one bandwidth. The closed form of
+        the intra-node fast path paces the group by its slowest port and charges every port alike:
+        exact for even ports only, so a group with a degraded port takes the message-level path."""
+        topo = self.topo
+        if tier != 0 or not topo.link_factor:
+            return True
+        bw = topo.link_bw
+        first = bw[topo.su_tx[ranks[0]]]
+        return all(bw[topo.su_tx[r]] == first and bw[topo.su_rx[r]] == first for r in ranks)
 
     def world_group(self) -> Group:
         if self._world is None:
@@ -234,6 +249,10 @@ class Shard(CollectiveExecution):
         op.deps_left = left
         kind = op.kind
         if kind == COMPUTE:
+            faults = self.compute_faults
+            if faults is not None and gpu.rank in faults.ranks:
+                op.c = op.a  # the nominal duration, for the time a fault cost (``compute_lost_ns``)
+                op.a = faults.launch_ns(gpu.rank, op.a)
             stream.launched_ns += op.a
             op.dl = delay + op.a
         elif kind == COLL:
@@ -280,7 +299,14 @@ class Shard(CollectiveExecution):
             op.t_start = t
             kind = op.kind
             if kind == COMPUTE:
-                self._push(t + op.a, EV_OP_DONE, gpu, op)
+                duration = op.a
+                if op.c is not None and self.compute_faults.windows:
+                    # a slowdown window holding this start lengthens the kernel; the lookahead keeps
+                    # the launch-time ``op.a``, shorter, hence still a lower bound
+                    factor = self.compute_faults.window_factor(gpu.rank, t)
+                    if factor != 1.0:
+                        duration = round(duration / factor)
+                self._push(t + duration, EV_OP_DONE, gpu, op)
                 return
             if kind == COLL:
                 if op.cross:
@@ -326,6 +352,8 @@ class Shard(CollectiveExecution):
             gpu.last_time = t
         if op.kind == COMPUTE:
             gpu.compute_ns += t - op.t_start
+            if op.c is not None:
+                self.compute_lost_ns[gpu.rank] = self.compute_lost_ns.get(gpu.rank, 0) + t - op.t_start - op.c
             gpu.flops_done += op.b
             stream.done_ns += op.a
         elif op.kind in COMM_KINDS:

@@ -20,9 +20,9 @@ BUBBLE_STREAM_PREFIX = "pp"
 
 LINK_COLUMNS = ("link", "name", "tier", "direction", "node", "src", "dst", "bandwidth_GBps", "bytes", "messages",
                 "busy_ns", "utilisation", "peak_queue_ns")  # fmt: skip
-RANK_COLUMNS = ("rank", "node", "gpu", "stage", "final_time_ns", "ops", "flops", "compute_ns", "comm_ns",
-                "exposed_comm_ns", "exposed_tp_ns", "exposed_dp_ns", "overlapped_comm_ns", "bubble_ns", "idle_ns",
-                "peak_memory_bytes", "iterations")  # fmt: skip
+RANK_COLUMNS = ("rank", "node", "gpu", "stage", "final_time_ns", "ops", "flops", "compute_ns", "compute_slowdown",
+                "comm_ns", "exposed_comm_ns", "exposed_tp_ns", "exposed_dp_ns", "overlapped_comm_ns", "bubble_ns",
+                "idle_ns", "peak_memory_bytes", "iterations")  # fmt: skip
 HISTOGRAM_COLUMNS = ("by", "key", "bucket", "max_bytes", "label", "messages")
 TIMELINE_COLUMNS = ("tier", "bucket", "start_s", "end_s", "message_bytes", "link_bytes", "utilisation")
 
@@ -136,7 +136,10 @@ def rank_rows(result: RunResult, topo, config=None) -> list[dict]:
         rows.append({
             "rank": r.rank, "node": r.node, "gpu": topo.gpu_type(r.rank),
             "stage": pipeline_stage(r.rank, result.world_size, config), "final_time_ns": r.final_time_ns,
-            "ops": r.ops, "flops": r.flops, "compute_ns": r.compute_ns, "comm_ns": r.comm_ns,
+            "ops": r.ops, "flops": r.flops, "compute_ns": r.compute_ns,
+            # charged over nominal compute: 1.0 unless a fault (slow GPU, jitter) changed its kernels
+            "compute_slowdown": round(r.compute_ns / r.nominal_compute_ns, 6) if r.nominal_compute_ns else 1.0,
+            "comm_ns": r.comm_ns,
             "exposed_comm_ns": exposed, "exposed_tp_ns": by_dim.get("tensor", 0),
             "exposed_dp_ns": by_dim.get("data", 0),
             # communication running while the compute stream is busy; streams may overlap each other

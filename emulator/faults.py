@@ -1,0 +1,168 @@
+"""What goes wrong during a run: slow GPUs (stragglers), kernel jitter, degraded links.
+
+    emulator run configs/runs/bloom-560m-straggler.yaml     # rank 5 at half speed
+
+The ``faults:`` section of a run file (emulator/config/schema.py, ``FaultsConfig``) is applied in
+two places, each the single place the quantity is decided:
+
+- compute: :class:`ComputeFaults` gives every kernel its duration when the shard launches it
+  (``Shard.launch``): nominal x jitter / (product of the slow-GPU factors of the whole run). A
+  slow GPU with a time window needs the kernel's start, known only when it starts: the shard then
+  lengthens that kernel (:meth:`ComputeFaults.window_factor`). The lookahead
+  (emulator/engine/lookahead.py) bounds starts with the launch-time duration, which is never
+  longer than the charged one, so its bounds stay lower bounds.
+- links: netmodel/topology.py scales ``link_bw`` once, so every engine path sees the same figures.
+
+Jitter is deterministic whatever the shards or backend: each rank draws from its own generator,
+seeded by ``(seed, rank)``, in fixed blocks, one factor per compute kernel in the rank's launch
+order (a rank's launch order does not depend on how the ranks are sharded). In the built-in
+training workload a "kernel" is a fused compute segment (emulator/workloads/segments.py).
+
+Symmetry folding (emulator/engine/folding.py) assumes the ranks of a tensor group behave alike, so
+any fault that tells them apart turns it off (:func:`breaks_symmetry`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+JITTER_BLOCK = 1024  # factors drawn at a time: fixed, so that a rank's k-th kernel always gets the same
+
+
+def node_ranks(topo, node: int) -> range:
+    first = topo.node_first_rank[node]
+    return range(first, first + topo.node_gpus[node])
+
+
+def target_ranks(fault, topo) -> list[int]:
+    """The ranks a slow-GPU or jitter entry applies to (every rank when it names none)."""
+    if fault.ranks is not None:
+        return sorted(fault.ranks)
+    if fault.nodes is not None:
+        return [r for node in sorted(fault.nodes) for r in node_ranks(topo, node)]
+    return list(range(topo.world_size))
+
+
+def breaks_symmetry(config) -> bool:
+    """Whether the faults make ranks of a tensor group differ: slow GPUs, jitter, or slow links
+    other than whole tiers (a tier slows every rail alike)."""
+    faults = getattr(config, "faults", None)
+    if faults is None or not faults.active:
+        return False
+    jitter = faults.jitter is not None and faults.jitter.sigma > 0
+    return bool(faults.slow_gpu) or jitter or any(f.tier is None for f in faults.slow_link)
+
+
+class _Jitter:
+    """One rank's stream of lognormal factors."""
+
+    __slots__ = ("rng", "sigma", "block", "at")
+
+    def __init__(self, seed: int, rank: int, sigma: float):
+        self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, rank])))
+        self.sigma = sigma
+        self.block: list[float] = []
+        self.at = 0
+
+    def next(self) -> float:
+        if self.at == len(self.block):
+            self.block = self.rng.lognormal(0.0, self.sigma, JITTER_BLOCK).tolist()
+            self.at = 0
+        self.at += 1
+        return self.block[self.at - 1]
+
+
+class ComputeFaults:
+    """The compute faults of the ranks one shard hosts; :meth:`for_config` gives None when none."""
+
+    def __init__(self, static: dict[int, float], windows: dict[int, list], jitter: dict[int, _Jitter]):
+        self.static = static  # rank -> factor for the whole run (product of its entries)
+        self.windows = windows  # rank -> [(start_ns, end_ns, factor)]
+        self.jitter = jitter  # rank -> its generator
+        self.ranks = set(static) | set(windows) | set(jitter)
+
+    @classmethod
+    def for_config(cls, config, topo, ranks) -> ComputeFaults | None:
+        faults = getattr(config, "faults", None)
+        if faults is None or not faults.active:
+            return None
+        hosted = set(ranks)
+        static: dict[int, float] = {}
+        windows: dict[int, list] = {}
+        for fault in faults.slow_gpu:
+            for rank in target_ranks(fault, topo):
+                if rank not in hosted:
+                    continue
+                if fault.windowed:
+                    start = round((fault.start_s or 0.0) * 1e9)
+                    end = round(fault.end_s * 1e9) if fault.end_s is not None else None
+                    windows.setdefault(rank, []).append((start, end, fault.factor))
+                else:
+                    static[rank] = static.get(rank, 1.0) * fault.factor
+        jitter: dict[int, _Jitter] = {}
+        if faults.jitter is not None and faults.jitter.sigma > 0:
+            for rank in target_ranks(faults.jitter, topo):
+                if rank in hosted:
+                    jitter[rank] = _Jitter(faults.seed, rank, faults.jitter.sigma)
+        if not (static or windows or jitter):
+            return None
+        return cls(static, windows, jitter)
+
+    def launch_ns(self, rank: int, nominal_ns: int) -> int:
+        """A kernel's duration as launched: nominal x jitter / the whole-run slowdown."""
+        duration = nominal_ns
+        jitter = self.jitter.get(rank)
+        if jitter is not None:
+            duration = round(duration * jitter.next())
+        factor = self.static.get(rank)
+        if factor is not None:
+            duration = round(duration / factor)
+        return duration
+
+    def window_factor(self, rank: int, start_ns: int) -> float:
+        """The product of the windowed slowdowns of ``rank`` whose window holds ``start_ns``."""
+        factor = 1.0
+        for start, end, f in self.windows.get(rank, ()):
+            if start <= start_ns and (end is None or start_ns < end):
+                factor *= f
+        return factor
+
+
+def applied_faults(faults, topo) -> dict | None:
+    """``summary.json``'s ``faults``: every entry resolved to ranks and links; None without faults."""
+    if faults is None or not faults.active:
+        return None
+    out: dict = {"seed": faults.seed}
+    if faults.slow_gpu:
+        out["slow_gpu"] = [
+            {"ranks": target_ranks(f, topo), "factor": f.factor, "start_s": f.start_s, "end_s": f.end_s}
+            for f in faults.slow_gpu
+        ]
+    if faults.jitter is not None and faults.jitter.sigma > 0:
+        j = faults.jitter
+        ranks = target_ranks(j, topo)
+        out["jitter"] = {"sigma": j.sigma, "ranks": "all" if len(ranks) == topo.world_size else ranks}
+    if faults.slow_link:
+        out["slow_link"] = [
+            {"links": [topo.link_name[i] for i in links], "factor": factor} for _, links, factor in topo.slow_links
+        ]
+    return out
+
+
+MAX_STRAGGLERS_SHOWN = 20  # summary.json lists the worst; ranks.csv has every rank's compute_slowdown
+
+
+def stragglers(result, limit: int = MAX_STRAGGLERS_SHOWN) -> list[dict]:
+    """Ranks whose compute was slowed: ``rank, node, compute_ns`` charged, ``nominal_compute_ns``,
+    ``lost_ns`` (the difference) and ``slowdown`` (charged / nominal), most time lost first, at
+    most ``limit`` of them."""
+    rows = []
+    for r in result.ranks:
+        nominal = r.nominal_compute_ns
+        if nominal is None or r.compute_ns <= nominal:
+            continue
+        rows.append({
+            "rank": r.rank, "node": r.node, "compute_ns": r.compute_ns, "nominal_compute_ns": nominal,
+            "lost_ns": r.compute_ns - nominal, "slowdown": r.compute_ns / nominal if nominal else None,
+        })  # fmt: skip
+    return sorted(rows, key=lambda row: (-row["lost_ns"], row["rank"]))[:limit]
