@@ -1,4 +1,4 @@
-"""Command line: ``emulator run | check | sweep | plan | collbench | validate | report | compare``.
+"""Command line: ``emulator run | check | sweep | plan | goodput | collbench | validate | report | compare``.
 
 User errors print one line (``error: ...``) and exit with code 2; success exits 0.
 """
@@ -75,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="print only the final table")
     _add_metrics_args(sweep)
 
+    from emulator.goodput import add_goodput_parser
     from emulator.plan import add_plan_parser
 
     add_plan_parser(sub)
+    add_goodput_parser(sub)
 
     check = sub.add_parser("check", help="validate a run file without running it")
     _add_config_args(check)
@@ -219,6 +221,12 @@ def cmd_plan(args) -> int:
     return plan(args)
 
 
+def cmd_goodput(args) -> int:
+    from emulator.goodput import cmd_goodput as goodput
+
+    return goodput(args)
+
+
 def cmd_collbench(args) -> int:
     from emulator.collbench import collbench, format_table, parse_size, sizes_between
     from emulator.config.loader import load_cluster
@@ -257,8 +265,10 @@ def cmd_compare(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan, "collbench": cmd_collbench,
-            "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare}  # fmt: skip
+COMMANDS = {
+    "run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan, "goodput": cmd_goodput,
+    "collbench": cmd_collbench, "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare,
+}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

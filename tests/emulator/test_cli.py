@@ -131,3 +131,14 @@ def test_completed_runs_say_so(tmp_path):
                  "--set", "program_args.iterations=1"]) == 0  # fmt: skip
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed" and "error" not in summary
+
+
+def test_goodput_on_the_command_line(capsys):
+    """``emulator goodput`` is wired: the optimum interval line and one-line errors (exit 2)."""
+    run = str(CONFIGS / "runs" / "megatron-1t-3072gpu.yaml")
+    args = ["goodput", run, "--iteration-s", "98.19", "--days", "54", "--mtbf-hours", "6335",
+            "--checkpoint-every", "10", "--checkpoint-s", "60", "--restart-s", "900"]  # fmt: skip
+    assert main(args) == 0
+    assert "384 nodes" in capsys.readouterr().out
+    assert main([*args[:-2], "--restart-s", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --restart-s")
