@@ -4,14 +4,20 @@
 
 Every size is a fresh emulation starting at t=0, so the time is the collective alone. ``algbw`` is
 S/t and ``busbw`` is algbw times the nccl-tests factor (NVIDIA/nccl-tests doc/PERFORMANCE.md).
+
+``--slow-link NAME=FACTOR`` (repeatable) degrades links as a run file's ``faults.slow_link`` does:
+NAME is a link of ``links.csv`` (``node1.nic0.rx``), a NIC (``node1.nic0``: both directions) or a
+tier (``ib-spine``), FACTOR the fraction of its bandwidth left (0.01 to 1).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 
 from emulator.backends.inline import run_inline
-from emulator.config.schema import RunConfig
+from emulator.config.schema import FaultsConfig, NicRef, RunConfig, SlowLinkFault
+from emulator.config.typed import shown
 from emulator.errors import ConfigError
 from netmodel.collectives import get_algorithm
 from netmodel.collectives.base import OPS
@@ -62,8 +68,39 @@ def _bench_program(gpu) -> None:
         getattr(gpu, op)(args["size"], group, **kw)
 
 
-def collbench(cluster, op: str, gpus: int, algo: str | None, sizes: list[int]) -> list[dict]:
-    """One row per size: ``size_bytes, time_us, algbw_GBps, busbw_GBps``."""
+_NIC = re.compile(r"node(\d+)\.nic(\d+)")
+
+
+def parse_slow_links(specs: list[str], cluster) -> FaultsConfig:
+    """``--slow-link NAME=FACTOR`` options as the faults of a run file (checked against ``cluster``)."""
+    faults = []
+    for spec in specs:
+        name, sep, value = spec.rpartition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = None
+        if not sep or not name or factor is None:
+            raise ConfigError(f"--slow-link {shown(spec)}: expected NAME=FACTOR, e.g. node1.nic0.rx=0.25")
+        tiers = {g.scale_up.name for g in cluster.groups()} | {t.name for t in cluster.tiers}
+        nic = _NIC.fullmatch(name)
+        if nic:
+            fault = SlowLinkFault(factor, nic=NicRef(int(nic.group(1)), int(nic.group(2))))
+        elif name in tiers:
+            fault = SlowLinkFault(factor, tier=name)
+        else:
+            fault = SlowLinkFault(factor, links=[name])
+        fault.validate(f"--slow-link {name}")
+        faults.append(fault)
+    config = FaultsConfig(slow_link=faults)
+    config.check_cluster(cluster, "--slow-link")
+    return config
+
+
+def collbench(cluster, op: str, gpus: int, algo: str | None, sizes: list[int],
+              slow_links: list[str] = ()) -> list[dict]:  # fmt: skip
+    """One row per size: ``size_bytes, time_us, algbw_GBps, busbw_GBps``; ``slow_links``: the
+    ``--slow-link NAME=FACTOR`` options (:func:`parse_slow_links`)."""
     if op not in OPS:
         raise ConfigError(f"--op {op!r}: choose one of {', '.join(OPS)}")
     if algo is not None:
@@ -71,6 +108,9 @@ def collbench(cluster, op: str, gpus: int, algo: str | None, sizes: list[int]) -
     world = cluster.world_size
     if not 1 <= gpus <= world:
         raise ConfigError(f"--gpus {gpus}: the cluster has {world} GPUs")
+    if slow_links:
+        cluster = copy.copy(cluster)  # the caller's cluster keeps its own faults
+        cluster.faults = parse_slow_links(list(slow_links), cluster)  # netmodel/topology.py applies them
     config = RunConfig(name="collbench", cluster=cluster, program="collbench:_bench_program")
     topo = Topology(cluster)
     rows = []

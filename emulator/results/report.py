@@ -219,6 +219,37 @@ def links_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     return _section("Busiest links", _table(rows, header) + _image("busiest-links", pngs))
 
 
+def faults_section(data: RunTables) -> str:
+    """The faults of the run (emulator/faults.py): the slowed ranks with the compute time each lost,
+    and the degraded links with their bandwidth and load; empty for a run without faults."""
+    faults = data.summary.get("faults")
+    if not faults:
+        return ""
+    body = ""
+    if faults.get("jitter"):
+        j = faults["jitter"]
+        ranks = j["ranks"] if j["ranks"] == "all" else f"ranks {', '.join(map(str, j['ranks'][:16]))}"
+        body += f"<p>Kernel jitter: lognormal(0, {j['sigma']:g}) on {html.escape(ranks)}, seed {faults['seed']}.</p>"
+    stragglers = data.summary.get("stragglers") or []
+    if stragglers:
+        rows = [[r["rank"], r["node"], f"{r['slowdown']:.4g}x", units.duration_ns(r["compute_ns"]),
+                 units.duration_ns(r["lost_ns"])] for r in stragglers]  # fmt: skip
+        body += "<h3>Stragglers</h3>" + _table(rows, ["rank", "node", "compute slowdown", "compute", "compute lost"])
+        body += ('<p class="note">Compute lost: the rank\'s compute time minus what it would have been '
+                 "without faults. In a synchronous job every collective waits for the slowest member, "
+                 "so the others lose about as much, as exposed communication.</p>")  # fmt: skip
+    degraded = {name: f["factor"] for f in faults.get("slow_link", []) for name in f["links"]}
+    if degraded:
+        by_name = {r["name"]: r for r in data.links}
+        rows = [[name, units.percent(factor, 0), units.rate_GBps(by_name[name]["bandwidth_GBps"] * 1e9),
+                 units.traffic(by_name[name]["bytes"]), units.percent(by_name[name]["utilisation"])]
+                for name, factor in list(degraded.items())[:20] if name in by_name]  # fmt: skip
+        shown = "" if len(degraded) <= 20 else f" (20 of {len(degraded)})"
+        body += f"<h3>Degraded links{shown}</h3>" + _table(rows, ["link", "bandwidth left", "bandwidth", "bytes",
+                                                                  "utilisation"])  # fmt: skip
+    return _section("Faults", body)
+
+
 def trace_section(trace: Path | None, page: Path | None) -> str:
     if trace is None or not trace.is_file():
         return ""
@@ -239,6 +270,7 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
         status_banner(s, has_tables),
         _section("Summary", _table(headline_rows(s), ["figure", "value"])),
         published_section(data),
+        faults_section(data),
         time_section(data, pngs),
         memory_section(data, pngs),
         traffic_section(data, pngs),

@@ -1,0 +1,220 @@
+"""Faults (emulator/faults.py): validation, exact figures, determinism across shards."""
+
+import csv
+
+import pytest
+
+from emulator.collbench import collbench
+from emulator.config.loader import load_cluster, load_run
+from emulator.engine.folding import fold_factor
+from emulator.errors import ConfigError
+from emulator.run import execute, run_job
+from netmodel.topology import Topology
+from tests.conftest import CONFIGS
+
+RUNS = CONFIGS / "runs"
+BLOOM = RUNS / "bloom-560m-zero2.yaml"
+DATA_PARALLEL = CONFIGS / "examples" / "data-parallel.yaml"
+SLOW_RANK_5 = "faults.slow_gpu=[{ranks: [5], factor: 0.5}]"
+NIC_QUARTER = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25}]"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("faults.slow_gpu=[{ranks: [32], factor: 0.5}]", "faults.slow_gpu[0].ranks: rank 32 is not in the cluster"),
+        ("faults.slow_gpu=[{nodes: [4], factor: 0.5}]", "faults.slow_gpu[0].nodes: node 4 is not in the cluster"),
+        ("faults.slow_gpu=[{ranks: [1], factor: 0}]", "faults.slow_gpu[0].factor must be >= 0.01"),
+        ("faults.slow_gpu=[{ranks: [1], factor: 1.5}]", "faults.slow_gpu[0].factor must be <= 1"),
+        ("faults.slow_gpu=[{factor: 0.5}]", "faults.slow_gpu[0]: give the ranks or the nodes"),
+        ("faults.slow_gpu=[{ranks: [1], nodes: [0], factor: 0.5}]", "give ranks or nodes, not both"),
+        ("faults.slow_gpu=[{ranks: [1]}]", "missing key 'faults.slow_gpu[0].factor'"),
+        ("faults.slow_gpu=[{ranks: [1], factor: 0.5, start_s: 2, end_s: 1}]", "end_s (1) must be after start_s (2)"),
+        ("faults.slow_gpu=[{ranks: [1], factor: 0.5, start_s: -1}]", "faults.slow_gpu[0].start_s must be >= 0"),
+        ("faults.jitter={sigma: 2}", "faults.jitter.sigma must be <= 1"),
+        ("faults.jitter={sigma: 0.1, ranks: [99]}", "faults.jitter.ranks: rank 99 is not in the cluster"),
+        (
+            "faults.slow_link=[{links: [node9.nic0.tx], factor: 0.5}]",
+            "faults.slow_link[0].links: no link 'node9.nic0.tx'",
+        ),
+        ("faults.slow_link=[{links: [gpu3.nvlink.tx], factor: 0.5}]", "no link 'gpu3.nvlink.tx'"),
+        ("faults.slow_link=[{links: [node0.nic8.rx], factor: 0.5}]", "no link 'node0.nic8.rx'"),
+        ("faults.slow_link=[{tier: spine, factor: 0.5}]", "faults.slow_link[0].tier: unknown tier 'spine'"),
+        ("faults.slow_link=[{nic: {node: 1, index: 8}, factor: 0.5}]", "node 1 has 8 NICs (0..7), got 8"),
+        ("faults.slow_link=[{tier: ib-spine, factor: 0.5, start_s: 1}]", "time windows are not supported for slow"),
+        ("faults.slow_link=[{tier: ib-spine, links: [node0.nic0.tx], factor: 0.5}]", "exactly one of links, nic"),
+        ("faults.slow_lnk=[]", "did you mean 'slow_link'"),
+        ("faults.seed=-1", "faults.seed must be >= 0"),
+    ],
+)
+def test_invalid_faults_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=_escaped(message)):
+        load_run(BLOOM, [override])
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_set_reaches_every_key():
+    config = load_run(BLOOM, ["faults.seed=3", "faults.jitter.sigma=0.05", "faults.jitter.nodes=[1]", SLOW_RANK_5])
+    assert config.faults.seed == 3 and config.faults.jitter.sigma == 0.05 and config.faults.jitter.nodes == [1]
+    assert config.faults.slow_gpu[0].ranks == [5]
+
+
+def test_degraded_link_below_the_floor_is_refused():
+    """A factor that is valid alone but takes a slow link under the slowest one allowed."""
+    overrides = ["cluster.nic.bandwidth_Gbps=0.1", "cluster.nic.efficiency=0.05", "cluster.tiers.0.oversubscription=64",
+                 "faults.slow_link=[{tier: ib-spine, factor: 0.5}]"]  # fmt: skip
+    config = load_run(BLOOM, overrides)
+    with pytest.raises(ConfigError, match=r"faults.slow_link\[0\].factor: 0.5 takes node0.nic0.ib-leaf-ib-spine.up"):
+        Topology(config.cluster)
+
+
+def _iteration_s(summary: dict) -> float:
+    return summary["iteration_time_s"]
+
+
+def test_straggler_costs_a_synchronous_job_its_extra_compute():
+    """One GPU at half speed in pure data parallelism: every reduce-scatter and all-gather waits
+    for it, so the iteration grows by its extra compute C (1/f - 1), C = its nominal compute per
+    iteration, less at most the communication the healthy run exposed (the slow rank's own
+    collectives find the others waiting, so they expose no more than before)."""
+    base, _, _ = execute(load_run(BLOOM))
+    slow, result, _ = execute(load_run(BLOOM, [SLOW_RANK_5]))
+    iterations = slow["iterations"]
+    rank5 = result.ranks[5]
+    compute_per_iteration_ns = rank5.nominal_compute_ns / iterations
+    expected_s = compute_per_iteration_ns * (1 / 0.5 - 1) / 1e9
+    exposed_s = base["exposed_comm_fraction"] * base["iteration_time_s"]
+    delta_s = _iteration_s(slow) - _iteration_s(base)
+    assert expected_s - exposed_s <= delta_s <= expected_s
+    assert delta_s == pytest.approx(expected_s, rel=2e-4)
+    assert slow["stragglers"] == [{"rank": 5, "node": 0, "compute_ns": rank5.compute_ns,
+                                   "nominal_compute_ns": rank5.nominal_compute_ns,
+                                   "lost_ns": rank5.nominal_compute_ns, "slowdown": 2.0}]  # fmt: skip
+    assert slow["faults"]["slow_gpu"] == [{"ranks": [5], "factor": 0.5, "start_s": None, "end_s": None}]
+    assert all(r.compute_ns == r.nominal_compute_ns for r in result.ranks if r.rank != 5)
+
+
+def test_shipped_straggler_example_matches_the_override(tmp_path):
+    run = run_job(load_run(RUNS / "bloom-560m-straggler.yaml"), out=tmp_path / "s")
+    slowdown = {int(r["rank"]): float(r["compute_slowdown"]) for r in csv.DictReader(open(tmp_path / "s/ranks.csv"))}
+    assert slowdown[5] == 2.0 and {v for k, v in slowdown.items() if k != 5} == {1.0}
+    assert run.summary["stragglers"][0]["rank"] == 5
+
+
+def test_window_slows_only_the_kernels_starting_inside_it():
+    whole = execute(load_run(BLOOM, [SLOW_RANK_5]))[1].ranks[5]
+    windowed = execute(load_run(BLOOM, ["faults.slow_gpu=[{ranks: [5], factor: 0.5, start_s: 1, end_s: 2}]"]))
+    rank5 = windowed[1].ranks[5]
+    lost = rank5.compute_ns - rank5.nominal_compute_ns
+    # the rank computes back to back: the window's second holds ~0.5 s of nominal kernels run at
+    # half speed, each losing its nominal length (a kernel started before 1 s runs at full speed)
+    assert 0.45e9 < lost < 0.55e9
+    assert whole.compute_ns - whole.nominal_compute_ns > 3 * lost
+    assert windowed[0]["stragglers"][0]["rank"] == 5
+
+
+def test_degraded_nic_shows_in_links_and_slows_the_all_reduce(tmp_path):
+    """node1.nic0 at 25%: links.csv shows 6 GB/s (24 GB/s HDR x 0.25) and its busy time is 4x;
+    the ring all-reduce through it is paced by it, so collbench's busbw drops to a quarter."""
+    run_job(load_run(DATA_PARALLEL), out=tmp_path / "a")
+    run_job(load_run(DATA_PARALLEL, [NIC_QUARTER]), out=tmp_path / "b")
+    links = [{r["name"]: r for r in csv.DictReader(open(tmp_path / d / "links.csv"))} for d in "ab"]
+    for direction in ("tx", "rx"):
+        healthy, degraded = links[0][f"node1.nic0.{direction}"], links[1][f"node1.nic0.{direction}"]
+        assert float(healthy["bandwidth_GBps"]) == 24.0 and float(degraded["bandwidth_GBps"]) == 6.0
+        assert healthy["bytes"] == degraded["bytes"]
+        assert int(degraded["busy_ns"]) == pytest.approx(4 * int(healthy["busy_ns"]), rel=1e-5)
+    assert links[1]["node1.nic1.tx"]["bandwidth_GBps"] == "24.0"
+    cluster = load_cluster("dgx-a100-hdr")
+    size = [1 << 30]
+    (plain,) = collbench(cluster, "all_reduce", 16, None, size)
+    (slow,) = collbench(cluster, "all_reduce", 16, None, size, ["node1.nic0=0.25"])
+    assert slow["busbw_GBps"] / plain["busbw_GBps"] == pytest.approx(0.25, rel=2e-3)
+    assert not getattr(cluster, "faults", None)  # the caller's cluster is left as it was
+
+
+def test_collbench_slow_link_errors():
+    cluster = load_cluster("dgx-a100-hdr")
+    with pytest.raises(ConfigError, match="expected NAME=FACTOR"):
+        collbench(cluster, "all_reduce", 16, None, [1024], ["node1.nic0"])
+    with pytest.raises(ConfigError, match="no link 'node1.nic0.tz'"):
+        collbench(cluster, "all_reduce", 16, None, [1024], ["node1.nic0.tz=0.5"])
+    with pytest.raises(ConfigError, match="factor must be >= 0.01"):
+        collbench(cluster, "all_reduce", 16, None, [1024], ["ib-leaf=0"])
+
+
+EVERY_FAULT = [
+    "faults.seed=7",
+    "faults.jitter={sigma: 0.1}",
+    "faults.slow_gpu=[{ranks: [9], factor: 0.7}, {nodes: [2], factor: 0.8, start_s: 0.02, end_s: 0.1}]",
+    "faults.slow_link=[{links: [node0.nic3.tx], factor: 0.3}, {tier: ib-spine, factor: 0.5}]",
+]
+
+
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_faults_are_identical_on_1_2_and_4_shards(engine):
+    config = load_run(DATA_PARALLEL, [*EVERY_FAULT, f"engine.collective_engine={engine}",
+                                      "cluster.tiers.0.span_nodes=2"])  # fmt: skip
+    prints = {execute(config, shards=shards)[0]["fingerprint"] for shards in (1, 2, 4)}
+    assert len(prints) == 1
+
+
+def test_workload_faults_identical_across_shards_and_folding_off():
+    """A tensor-parallel run that would fold: with a slow GPU it runs every rank, on any shards."""
+    overrides = ["cluster.nodes=4", "parallel.data=4", "training.global_batch_size=16", "model.num_layers=4",
+                 "faults.slow_gpu=[{ranks: [3], factor: 0.5}]", "faults.jitter={sigma: 0.05, nodes: [1]}"]  # fmt: skip
+    path = RUNS / "megatron-22b-8gpu.yaml"
+    config = load_run(path, overrides)
+    assert fold_factor(config, Topology(config.cluster)) == 1
+    assert fold_factor(load_run(path, overrides[:4]), Topology(config.cluster)) == 8
+    # a whole tier slows every rail alike: folding stays on
+    tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5}]"])
+    assert fold_factor(tier, Topology(tier.cluster)) == 8
+    prints = {execute(config, shards=shards)[0]["fingerprint"] for shards in (1, 2, 4)}
+    assert len(prints) == 1
+
+
+def test_jitter_is_reproducible_and_seeded():
+    def fingerprint(*overrides):
+        return execute(load_run(DATA_PARALLEL, list(overrides)))[0]["fingerprint"]
+
+    plain = fingerprint()
+    assert fingerprint("faults.jitter={sigma: 0}", "faults.seed=5") == plain
+    once = fingerprint("faults.jitter={sigma: 0.05}", "faults.seed=5")
+    assert once != plain
+    assert fingerprint("faults.jitter={sigma: 0.05}", "faults.seed=5") == once
+    assert fingerprint("faults.jitter={sigma: 0.05}", "faults.seed=6") != once
+
+
+def test_sigma_zero_draws_and_keeps_every_duration():
+    """sigma 0 still goes through the draws (factor exp(0) = 1): the charged path, not a skip."""
+    from emulator.faults import ComputeFaults
+
+    config = load_run(DATA_PARALLEL, ["faults.jitter={sigma: 0.3}"])
+    config.faults.jitter.sigma = 0.0
+    assert ComputeFaults.for_config(config, Topology(config.cluster), range(32)) is None  # inactive
+    config.faults.jitter.sigma = 1e-12
+    faults = ComputeFaults.for_config(config, Topology(config.cluster), range(32))
+    assert [faults.launch_ns(0, 10**9) for _ in range(3000)] == [10**9] * 3000
+
+
+def test_uneven_scale_up_ports_take_the_message_level_path():
+    """A degraded NVSwitch port: the intra-node fast path would pace and charge every port of the
+    group alike (its figures then differ from the reference), so such groups run message by
+    message; every rank's times then equal the reference path's (as they do without faults)."""
+    overrides = ["cluster.nodes=2", "parallel.data=2", "training.global_batch_size=8", "model.num_layers=2",
+                 "faults.slow_link=[{links: [gpu3.nvswitch.tx, gpu3.nvswitch.rx], factor: 0.5}]"]  # fmt: skip
+    path = RUNS / "megatron-22b-8gpu.yaml"
+
+    def times(*extra):
+        summary, result, _ = execute(load_run(path, [*overrides, *extra]))
+        return summary["iteration_time_s"], [(r.final_time_ns, r.comm_ns, r.compute_ns) for r in result.ranks]
+
+    fast, reference = times(), times("engine.fast_collectives=none")
+    assert fast == reference
+    assert fast[0] > execute(load_run(path, overrides[:4]))[0]["iteration_time_s"]
