@@ -25,10 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.config import limits as lim
 from emulator.config.cluster import ClusterConfig
-from emulator.config.limits import MIN_LINK_BYTES_PER_NS
 from emulator.errors import ConfigError
 
+# the slowest link any valid cluster has: a 100 Mb/s NIC at the least efficiency, shared by the
+# largest oversubscription (bytes per ns); a degraded link must not go below it, so that the int64
+# headroom argued in emulator/config/limits.py still holds
+MIN_LINK_BYTES_PER_NS = lim.MIN_BANDWIDTH_GBITPS / 8 * lim.MIN_EFFICIENCY / lim.MAX_TOTAL_OVERSUBSCRIPTION
 SCALE_UP_TIER = 0  # tier index of the intra-node fabric; switch tier k has index k + 1
 
 

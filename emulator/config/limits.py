@@ -52,10 +52,6 @@ MAX_TIMELINE_BUCKET_US = 1e12
 # faults (emulator/faults.py): a GPU or link slowed below 1% of its speed is as good as failed, and
 # the factors multiply durations, so the bound keeps them within 100x of the ones above
 MIN_FAULT_FACTOR = 0.01
-MAX_JITTER_SIGMA = 1.0  # lognormal(0, 1): a kernel 10x slower than nominal about once in 10^3
+MAX_JITTER_SIGMA = 1.0  # lognormal(0, 1): a kernel 10x slower than nominal about once in 100
 MAX_FAULT_TIME_S = 1e9  # a fault window's bounds in virtual seconds (10^18 ns fits int64)
 MAX_FAULT_SEED = 2**63 - 1
-# the slowest link any valid cluster has: a 100 Mb/s NIC at the least efficiency, shared by the
-# largest oversubscription (bytes per ns); a degraded link must not go below it, so that the
-# int64 headroom argued above still holds
-MIN_LINK_BYTES_PER_NS = MIN_BANDWIDTH_GBITPS / 8 * MIN_EFFICIENCY / MAX_TOTAL_OVERSUBSCRIPTION
