@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-bytes", default="8")
     bench.add_argument("--max-bytes", default="128M")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE")
+    bench.add_argument("--slow-link", dest="slow_links", action="append", default=[], metavar="NAME=FACTOR",
+                       help="degrade a link (links.csv name), a NIC (node1.nic0) or a tier to FACTOR of its "
+                            "bandwidth (repeatable)")  # fmt: skip
     bench.add_argument("--json", action="store_true", help="print rows as JSON")
 
     validate = sub.add_parser("validate", help="compare predictions with published measurements")
@@ -233,7 +236,7 @@ def cmd_collbench(args) -> int:
 
     cluster = load_cluster(args.cluster, args.overrides)
     sizes = sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes))
-    rows = collbench(cluster, args.op, args.gpus, args.algo, sizes)
+    rows = collbench(cluster, args.op, args.gpus, args.algo, sizes, args.slow_links)
     if args.json:
         print(json.dumps([{k: r[k] for k in ("size_bytes", "time_us", "algbw_GBps", "busbw_GBps")} for r in rows]))
     else:

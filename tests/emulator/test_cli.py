@@ -142,3 +142,15 @@ def test_goodput_on_the_command_line(capsys):
     assert "384 nodes" in capsys.readouterr().out
     assert main([*args[:-2], "--restart-s", "-1"]) == 2
     assert capsys.readouterr().err.startswith("error: --restart-s")
+
+
+def test_collbench_slow_link(capsys):
+    """``--slow-link`` degrades a NIC for collbench: a 1 GiB all-reduce over 16 GPUs drops to the
+    quarter-speed NIC's pace (the ring's busbw is its slowest link's)."""
+    base = ["collbench", "--cluster", "dgx-a100-hdr", "--gpus", "16", "--min-bytes", "1G", "--max-bytes", "1G",
+            "--json"]  # fmt: skip
+    assert main(base) == 0
+    healthy = json.loads(capsys.readouterr().out)[0]["busbw_GBps"]
+    assert main([*base, "--slow-link", "node1.nic0=0.25"]) == 0
+    degraded = json.loads(capsys.readouterr().out)[0]["busbw_GBps"]
+    assert degraded == pytest.approx(healthy / 4, rel=0.01)
