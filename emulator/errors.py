@@ -30,6 +30,15 @@ class DeadlockError(EmulatorError):
     """No event can progress while some ranks are still blocked; names the ranks and waits."""
 
 
+class FailureError(EmulatorError):
+    """A node or link failed (``faults.fail``) and ranks hung on it until the collective timeout;
+    names the failure, its time, the stop time and the hung operations. ``stop_ns``: the virtual
+    time the timeout fires (the run's end); ``failed_at_ns``: the first failure."""
+
+    stop_ns: int | None = None
+    failed_at_ns: int | None = None
+
+
 class CollectiveMismatchError(EmulatorError):
     """Members of a process group issued different collectives; names ranks and calls."""
 

@@ -12,6 +12,17 @@ two places, each the single place the quantity is decided:
   (emulator/engine/lookahead.py) bounds starts with the launch-time duration, which is never
   longer than the charged one, so its bounds stay lower bounds.
 - links: netmodel/topology.py scales ``link_bw`` once, so every engine path sees the same figures.
+- failures (``fail``): :class:`Failures`, one map of failed ranks and links with their times, the
+  same on every shard. From its failure time on, a failed GPU processes no event, and a message
+  whose route holds a link that is down when it is sent (or goes down before it is delivered) is
+  lost: the sender's operation never ends and the receiver never gets it (Shard._inject,
+  Shard._handover; the intra-node closed form loses the whole call when a port of the group is
+  down before its end). Ranks that need what was lost block; when the run has nothing left to do,
+  emulator/engine/diagnose.py reports the hang as a :class:`~emulator.errors.FailureError` at the
+  time the collective timeout fires. Losing messages and events only removes sends, so the
+  lookahead's lower bounds stay lower bounds. A failure runs collectives on the Python reference
+  path (the compiled core keeps no failure state; the results are the same bit for bit, the run
+  slower) and turns symmetry folding off (a failed rail tells tensor peers apart).
 
 Jitter is deterministic whatever the shards or backend: each rank draws from its own generator,
 seeded by ``(seed, rank)``, in fixed blocks, one factor per compute kernel in the rank's launch
@@ -50,7 +61,7 @@ def breaks_symmetry(config) -> bool:
     if faults is None or not faults.active:
         return False
     jitter = faults.jitter is not None and faults.jitter.sigma > 0
-    return bool(faults.slow_gpu) or jitter or any(f.tier is None for f in faults.slow_link)
+    return bool(faults.slow_gpu or faults.fail) or jitter or any(f.tier is None for f in faults.slow_link)
 
 
 class _Jitter:
@@ -128,6 +139,76 @@ class ComputeFaults:
         return factor
 
 
+def node_links(topo, node: int) -> list[int]:
+    """Every link a node owns: its GPUs' scale-up ports, its NICs and their uplink shares."""
+    links = [link for rank in node_ranks(topo, node) for link in (topo.su_tx[rank], topo.su_rx[rank])]
+    for nic in range(len(topo.nic_tx[node])):
+        links += [topo.nic_tx[node][nic], topo.nic_rx[node][nic], *topo.up[node][nic], *topo.down[node][nic]]
+    return links
+
+
+class Failures:
+    """The failed ranks and links of a run (``faults.fail``) and when each goes down; every shard
+    holds the whole map (a route's links belong to two nodes, possibly on two shards)."""
+
+    def __init__(self, entries: list[tuple[str, int, list[int], list[int]]], timeout_ns: int):
+        self.entries = entries  # (what failed, at_ns, its ranks, its links), in config order
+        self.timeout_ns = timeout_ns
+        self.rank_ns: dict[int, int] = {}  # rank -> when it went down (the earliest entry)
+        self.link_ns: dict[int, int] = {}
+        for _, at_ns, ranks, links in entries:
+            for rank in ranks:
+                self.rank_ns[rank] = min(at_ns, self.rank_ns.get(rank, at_ns))
+            for link in links:
+                self.link_ns[link] = min(at_ns, self.link_ns.get(link, at_ns))
+        self.first_ns = min(at_ns for _, at_ns, _, _ in entries)
+
+    @classmethod
+    def for_faults(cls, faults, topo) -> Failures | None:
+        """The failures of a run's ``faults`` section, or None when it has none."""
+        if faults is None or not faults.fail:
+            return None
+        entries = []
+        for fault in faults.fail:
+            at_ns = round(fault.at_s * 1e9)
+            if fault.node is not None:
+                ranks = list(node_ranks(topo, fault.node))
+                entries.append((f"node {fault.node}", at_ns, ranks, node_links(topo, fault.node)))
+            elif fault.nic is not None:
+                node, nic = fault.nic.node, fault.nic.index
+                links = [topo.nic_tx[node][nic], topo.nic_rx[node][nic], *topo.up[node][nic], *topo.down[node][nic]]
+                entries.append((f"NIC {nic} of node {node}", at_ns, [], links))
+            else:
+                link = topo.link_name.index(fault.link)  # checked against the cluster when loaded
+                entries.append((f"link {fault.link}", at_ns, [], [link]))
+        return cls(entries, round(faults.collective_timeout_s * 1e9))
+
+    def lost(self, route, t: int) -> bool:
+        """Whether a link of ``route`` is down at ``t``."""
+        link_ns = self.link_ns
+        for link in route.up:
+            at = link_ns.get(link)
+            if at is not None and at <= t:
+                return True
+        for link in route.down:
+            at = link_ns.get(link)
+            if at is not None and at <= t:
+                return True
+        return False
+
+    def links_down(self, links, t: int) -> bool:
+        link_ns = self.link_ns
+        return any(link in link_ns and link_ns[link] <= t for link in links)
+
+    def report(self) -> dict:
+        """Plain data for the hang report (emulator/engine/diagnose.py), the same on every shard."""
+        return {
+            "what": [[what, at_ns] for what, at_ns, _, _ in self.entries],
+            "timeout_ns": self.timeout_ns,
+            "first_ns": self.first_ns,
+        }
+
+
 def applied_faults(faults, topo) -> dict | None:
     """``summary.json``'s ``faults``: every entry resolved to ranks and links; None without faults."""
     if faults is None or not faults.active:
@@ -146,6 +227,13 @@ def applied_faults(faults, topo) -> dict | None:
         out["slow_link"] = [
             {"links": [topo.link_name[i] for i in links], "factor": factor} for _, links, factor in topo.slow_links
         ]
+    failures = Failures.for_faults(faults, topo)
+    if failures is not None:
+        out["fail"] = [
+            {"what": what, "at_s": at_ns / 1e9, "ranks": ranks, "links_down": len(links)}
+            for what, at_ns, ranks, links in failures.entries
+        ]
+        out["collective_timeout_s"] = faults.collective_timeout_s
     return out
 
 

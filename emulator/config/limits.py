@@ -55,3 +55,7 @@ MIN_FAULT_FACTOR = 0.01
 MAX_JITTER_SIGMA = 1.0  # lognormal(0, 1): a kernel 10x slower than nominal about once in 100
 MAX_FAULT_TIME_S = 1e9  # a fault window's bounds in virtual seconds (10^18 ns fits int64)
 MAX_FAULT_SEED = 2**63 - 1
+# faults.collective_timeout_s: from a microsecond (the engine's nanoseconds resolve it) to the fault
+# window bound, so that a failure time plus the timeout stays below 2e18 ns (int64 holds 9.2e18)
+MIN_COLLECTIVE_TIMEOUT_S = 1e-6
+MAX_COLLECTIVE_TIMEOUT_S = 1e9

@@ -217,6 +217,26 @@ class SlowLinkFault:
 
 
 @dataclass
+class FailFault:
+    """A ``node`` (its GPUs, scale-up ports, NICs and uplink shares), a ``link`` (a ``links.csv``
+    name) or a ``nic`` of a node (tx and rx) that goes down at virtual time ``at_s``, for good."""
+
+    at_s: float
+    node: int | None = None
+    link: str | None = None
+    nic: NicRef | None = None
+
+    def validate(self, path: str) -> None:
+        chosen = [key for key in ("node", "link", "nic") if getattr(self, key) is not None]
+        require(
+            len(chosen) == 1,
+            f"{path}: give exactly one of node, link, nic" + (f" (got {', '.join(chosen)})" if chosen else ""),
+        )
+        require_range(self, path, "at_s", 0, lim.MAX_FAULT_TIME_S)
+        require_range(self, path, "node", 0, lim.MAX_NODES)
+
+
+@dataclass
 class FaultsConfig:
     """What goes wrong during the run (emulator/faults.py); every random draw derives from ``seed``."""
 
@@ -224,13 +244,23 @@ class FaultsConfig:
     slow_gpu: list[SlowGpuFault] = field(default_factory=list)
     jitter: JitterFault | None = None
     slow_link: list[SlowLinkFault] = field(default_factory=list)
+    fail: list[FailFault] = field(default_factory=list)
+    # when a rank waiting in a collective or a receive whose peer is gone gives up: PyTorch's
+    # default process-group timeout for NCCL, 10 minutes (torch.distributed.init_process_group,
+    # ``timeout``; the NCCL watchdog aborts the collective that exceeds it)
+    collective_timeout_s: float = 600.0
 
     def validate(self, path: str) -> None:
         require_range(self, path, "seed", 0, lim.MAX_FAULT_SEED)
+        require_range(
+            self, path, "collective_timeout_s", lim.MIN_COLLECTIVE_TIMEOUT_S, lim.MAX_COLLECTIVE_TIMEOUT_S
+        )
 
     @property
     def active(self) -> bool:
-        return bool(self.slow_gpu or self.slow_link or (self.jitter is not None and self.jitter.sigma > 0))
+        return bool(
+            self.slow_gpu or self.slow_link or self.fail or (self.jitter is not None and self.jitter.sigma > 0)
+        )
 
     def check_cluster(self, cluster: ClusterConfig, path: str = "faults") -> None:
         """Every rank, node, NIC, link and tier named exists in ``cluster``."""
@@ -254,16 +284,25 @@ class FaultsConfig:
                     f"{', '.join(dict.fromkeys(tiers))}",
                 )
             if fault.nic is not None:
-                node, index = fault.nic.node, fault.nic.index
-                require(
-                    0 <= node < nodes, f"{where}.nic.node: node {node} is not in the cluster (nodes 0..{nodes - 1})"
-                )
-                count = _node_group(groups, node).nic.count
-                require(index < count, f"{where}.nic.index: node {node} has {count} NICs (0..{count - 1}), got {index}")
+                _check_nic(groups, nodes, fault.nic, f"{where}.nic")
             for name in fault.links or ():
                 require(
                     _link_exists(cluster, groups, name),
                     f"{where}.links: no link {shown(name)} in this cluster (names as in links.csv: "
+                    f"gpu0.{groups[0].scale_up.name}.tx, node0.nic0.rx, ...)",
+                )
+        for i, fault in enumerate(self.fail):
+            where = f"{path}.fail[{i}]"
+            if fault.node is not None:
+                require(
+                    fault.node < nodes, f"{where}.node: node {fault.node} is not in the cluster (nodes 0..{nodes - 1})"
+                )
+            if fault.nic is not None:
+                _check_nic(groups, nodes, fault.nic, f"{where}.nic")
+            if fault.link is not None:
+                require(
+                    _link_exists(cluster, groups, fault.link),
+                    f"{where}.link: no link {shown(fault.link)} in this cluster (names as in links.csv: "
                     f"gpu0.{groups[0].scale_up.name}.tx, node0.nic0.rx, ...)",
                 )
 
@@ -277,6 +316,13 @@ def require_targets(fault, path: str, required: bool) -> None:
         values = getattr(fault, key)
         require(values, f"{path}.{key}: the list is empty")
         require(len(set(values)) == len(values), f"{path}.{key}: {shown(values)} repeats an entry")
+
+
+def _check_nic(groups: list, nodes: int, nic: NicRef, where: str) -> None:
+    node, index = nic.node, nic.index
+    require(0 <= node < nodes, f"{where}.node: node {node} is not in the cluster (nodes 0..{nodes - 1})")
+    count = _node_group(groups, node).nic.count
+    require(index < count, f"{where}.index: node {node} has {count} NICs (0..{count - 1}), got {index}")
 
 
 def _node_group(groups: list, node: int):

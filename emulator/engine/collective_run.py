@@ -102,6 +102,11 @@ class CollectiveExecution:
                 start = free[link]
                 blocker = link
         end = start + duration
+        if self.failures is not None and self.failures.links_down(links, end):
+            # a port of the group is down before the call ends (emulator/faults.py): the whole
+            # call is lost, its members never complete; keep them arrived for the hang report
+            self.rendezvous[op.c] = list(arrived)
+            return
         core = self.core
         if blocker >= 0:  # every member waited for the port that was free last (live figures only)
             core.note_queued(blocker, start - t, call.n)
@@ -164,14 +169,16 @@ class CollectiveExecution:
         sends, recvs = step
         t_end = t
         scount, rcount = run.scount, run.rcount
+        pending = 0
         for peer, size, ch in sends:
             ck = (peer, ch)
             k = scount.get(ck, 0)
             scount[ck] = k + 1
             end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t, run.op.a.op)
-            if end > t_end:
+            if end is None:  # lost to a failure (emulator/faults.py): the step never ends
+                pending = 1
+            elif end > t_end:
                 t_end = end
-        pending = 0
         mailbox = gpu.mailbox
         for peer, _size, ch in recvs:
             ck = (peer, ch)

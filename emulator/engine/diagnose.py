@@ -1,9 +1,10 @@
-"""Turning a stuck run into a report a user can act on: deadlock or collective mismatch."""
+"""Turning a stuck run into a report a user can act on: deadlock, collective mismatch, or the hang
+that a failed node or link (``faults.fail``, emulator/faults.py) leaves behind."""
 
 from __future__ import annotations
 
-from emulator.engine.ops import COLL, RECV
-from emulator.errors import CollectiveMismatchError, DeadlockError
+from emulator.engine.ops import COLL, COMM_KINDS, RECV
+from emulator.errors import CollectiveMismatchError, DeadlockError, FailureError
 from netmodel.collectives import ALGORITHMS
 from netmodel.collectives.base import OPS
 
@@ -18,13 +19,18 @@ def describe_sig(sig: int) -> str:
 
 
 def blocked_ranks(shard) -> list[dict]:
-    """For every rank that has not finished: the operations it is stuck in, plain data."""
+    """For every rank that has not finished: the operations it is stuck in, plain data. In a run
+    with failures, also ``failed`` (the rank is down), ``since_ns`` (when the earliest of its
+    communications in flight began, None if none) and ``failure`` (the failures, for the report)."""
     result = []
+    failures = shard.failures
+    report = failures.report() if failures is not None else None
     for rank in sorted(shard.gpus):
         gpu = shard.gpus[rank]
         if gpu.finished and gpu.outstanding == 0:
             continue
         waits, colls, waits_on = [], [], []
+        comm = []  # the waits that are communications in flight (a failure report shows those)
         for stream in gpu.streams.values():
             if not stream.ops:
                 continue
@@ -32,20 +38,30 @@ def blocked_ranks(shard) -> list[dict]:
             if op.kind == RECV:
                 waits.append(f"{op.describe()} on stream {stream.name}")
                 waits_on.append(op.a)
+                comm.append(waits[-1])
             elif op.kind == COLL and op.started:
                 peers = shard.collective_waits(gpu, op)
                 arrived = shard.rendezvous.get(op.c)
                 if arrived is not None:  # intra-node fast path: waiting for members to arrive
                     peers = sorted(set(op.a.ranks) - {g.rank for g, _ in arrived})
-                waits.append(f"{op.describe()} waiting for rank(s) {_short(peers)}")
+                shown = f"rank(s) {_short(peers)}" if peers else "messages lost to the failure"
+                waits.append(f"{op.describe()} waiting for {shown}")
                 waits_on.extend(peers)
+                comm.append(waits[-1])
                 colls.append({"gid": op.c[0], "seq": op.c[1], "name": op.describe(), "ranks": list(op.a.ranks)})
             elif op.deps_left:
                 waits.append(f"{op.describe()} on stream {stream.name} waiting for another stream")
             else:
                 waits.append(f"{op.describe()} on stream {stream.name}")
-        result.append({"rank": rank, "time_ns": gpu.last_time, "waits": waits, "colls": colls,
-                       "waits_on": waits_on})  # fmt: skip
+                if op.kind in COMM_KINDS and op.started:  # a send whose message was lost
+                    comm.append(waits[-1])
+        entry = {"rank": rank, "time_ns": gpu.last_time, "waits": waits, "colls": colls, "waits_on": waits_on}
+        if report is not None:
+            starts = [s.ops[0].t_start for s in gpu.streams.values()
+                      if s.ops and s.ops[0].started and s.ops[0].kind in COMM_KINDS]  # fmt: skip
+            entry.update(failed=rank in failures.rank_ns, since_ns=min(starts, default=None), failure=report,
+                         comm=comm)  # fmt: skip
+        result.append(entry)
     return result
 
 
@@ -58,6 +74,8 @@ def raise_for_stuck(blocked: list[dict]) -> None:
     """Raise CollectiveMismatchError when members of a group diverged, else DeadlockError."""
     if not blocked:
         return
+    if "failure" in blocked[0]:
+        raise_for_failure(blocked)
     by_rank = {b["rank"]: b for b in blocked}
     for b in blocked:
         for coll in b["colls"]:
@@ -88,6 +106,46 @@ def raise_for_stuck(blocked: list[dict]) -> None:
     raise DeadlockError(
         f"deadlock: {len(blocked)} rank(s) blocked forever{_cycle(by_rank)}: " + " | ".join(parts) + more
     )
+
+
+HUNG_SHOWN = 4  # hung operations a failure report names
+
+
+def raise_for_failure(blocked: list[dict]) -> None:
+    """The hang a failure left: raise :class:`FailureError` stopped at the collective timeout.
+
+    The stop time is when the first surviving rank has waited ``collective_timeout_s`` in a
+    communication that will never end (PyTorch's NCCL watchdog measures each collective from its
+    start): the earliest ``since_ns`` among them plus the timeout. Waits that began before the
+    failure time out earlier than ``failure + timeout``, but never before the failure itself: the
+    emulator does not time out a wait it would have ended. When no surviving rank waits (only failed
+    ranks are unfinished), it is the first failure plus the timeout. Ranks of all shards come in,
+    sorted here, so the line is the same on any number of shards. Every stuck rank of a run with
+    a failure is reported as hung on it, even one that a bug of the program would have stuck too.
+    """
+    failure = blocked[0]["failure"]
+    timeout_ns, first_ns = failure["timeout_ns"], failure["first_ns"]
+    hung = sorted((b for b in blocked if not b["failed"]), key=lambda b: (_since(b), b["rank"]))
+    failed = len(blocked) - len(hung)
+    waits = [_since(b) for b in hung if b["since_ns"] is not None]
+    stop_ns = max(first_ns, min(waits) + timeout_ns) if waits else first_ns + timeout_ns
+    what = "; ".join(f"{name} failed at t={at_ns / 1e9:.6f} s" for name, at_ns in failure["what"])
+    parts = [f"rank {b['rank']} (since t={_since(b) / 1e9:.6f} s): {'; '.join(b['comm'] or b['waits']) or 'idle'}"
+             for b in hung[:HUNG_SHOWN]]  # fmt: skip
+    more = f" (+{len(hung) - HUNG_SHOWN} more ranks)" if len(hung) > HUNG_SHOWN else ""
+    down = f" ({failed} more on the failed node(s))" if failed else ""
+    error = FailureError(
+        f"{what}; the collective timeout ({timeout_ns / 1e9:g} s) fires at t={stop_ns / 1e9:.6f} s: "
+        f"{len(hung)} rank(s) hung{down}" + (": " + " | ".join(parts) + more if parts else "")
+    )
+    error.stop_ns = stop_ns
+    error.failed_at_ns = first_ns
+    raise error
+
+
+def _since(b: dict) -> int:
+    """When a hung rank began waiting: its earliest communication in flight, else its last op's end."""
+    return b["since_ns"] if b["since_ns"] is not None else b["time_ns"]
 
 
 def _cycle(by_rank: dict[int, dict]) -> str:

@@ -36,7 +36,7 @@ from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RE
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
-from emulator.faults import ComputeFaults
+from emulator.faults import ComputeFaults, Failures
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
@@ -65,7 +65,11 @@ class Shard(CollectiveExecution):
         # Python path is asked for; both share the link state and the per-sender message counters
         self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
-        self.compiled = getattr(engine, "collective_engine", "compiled") == "compiled"
+        # a node or link failure (emulator/faults.py) is honoured on the Python path only: the
+        # compiled core keeps no failure state (both give the same results, the Python path slower)
+        self.failures = Failures.for_faults(getattr(config, "faults", None), topo)
+        self.fail_from_ns = self.failures.first_ns if self.failures is not None else INF
+        self.compiled = getattr(engine, "collective_engine", "compiled") == "compiled" and self.failures is None
         self.link_free = self.core.lfree_py
         self.mseq = self.core.mseq_py
         self.outbox: dict[int, list] = {}
@@ -384,10 +388,13 @@ class Shard(CollectiveExecution):
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
 
     # -- messages ------------------------------------------------------------------------------
-    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int:
-        """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
+    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int | None:
+        """Put a message on the sender's up-links at ``t``; returns when its tail has left, or None
+        when a link of its route is down (the message is lost: its sender never sees it leave)."""
         src = gpu.rank
         route = self.topo.route(src, dst)
+        if self.failures is not None and self.failures.lost(route, t):
+            return None
         free = self.link_free
         start = t
         for link in route.up:
@@ -431,8 +438,10 @@ class Shard(CollectiveExecution):
         for link in route.down:
             if free[link] > start:
                 start = free[link]
-        self.stats.reserve(route.down, size, start, t, free)
         delivery = max(end_up + route.latency_ns, start + int(-(-size // route.down_bw)))
+        if self.failures is not None and self.failures.lost(route, delivery):
+            return  # a link of its route went down before it was delivered: lost
+        self.stats.reserve(route.down, size, start, t, free)
         gpu = self.gpus[dst]
         key = (gid, seq, chan, src, k)
         waiter = gpu.waiters.pop(key, None)
@@ -454,7 +463,8 @@ class Shard(CollectiveExecution):
         k = gpu.p2p_send.get((dst, tag), 0)
         gpu.p2p_send[(dst, tag)] = k + 1
         end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
-        self._push(end, EV_OP_DONE, gpu, op)
+        if end is not None:  # else lost to a failure: the send never ends
+            self._push(end, EV_OP_DONE, gpu, op)
 
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
         """Returns True if the receive waits (its completion is an event)."""
@@ -503,6 +513,7 @@ class Shard(CollectiveExecution):
         core_events = core.events
         # event times are integers: t < horizon exactly when t < ceil(horizon)
         core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
+        fail_from = self.fail_from_ns  # INF without failures: one comparison per event
         while True:
             # the core's next event goes first when its key precedes the Python heap's top
             ct = core.top
@@ -515,6 +526,8 @@ class Shard(CollectiveExecution):
             t, kind, rank, _, _, obj = pop(heap)
             self.now = t
             count += 1
+            if t >= fail_from and self._failed(rank, t):
+                continue  # a failed GPU processes nothing more (emulator/faults.py)
             if kind == EV_OP_DONE:
                 self._complete(gpus[rank], obj, t)
             elif kind == EV_STEP:
@@ -525,6 +538,11 @@ class Shard(CollectiveExecution):
         if horizon > self.done_until:
             self.done_until = horizon
         return self._take_outbox()
+
+    def _failed(self, rank: int, t: int) -> bool:
+        """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""
+        at = self.failures.rank_ns.get(rank)
+        return at is not None and at <= t
 
     def _take_outbox(self) -> dict[int, list]:
         self.core.take_outbox(self.outbox)

@@ -1,13 +1,15 @@
 """Faults (emulator/faults.py): validation, exact figures, determinism across shards."""
 
 import csv
+import json
 
 import pytest
 
+from emulator.cli import main
 from emulator.collbench import collbench
 from emulator.config.loader import load_cluster, load_run
 from emulator.engine.folding import fold_factor
-from emulator.errors import ConfigError
+from emulator.errors import ConfigError, FailureError
 from emulator.run import execute, run_job
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS
@@ -45,6 +47,19 @@ NIC_QUARTER = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25}]"
         ("faults.slow_link=[{tier: ib-spine, links: [node0.nic0.tx], factor: 0.5}]", "exactly one of links, nic"),
         ("faults.slow_lnk=[]", "did you mean 'slow_link'"),
         ("faults.seed=-1", "faults.seed must be >= 0"),
+        ("faults.fail=[{node: 4, at_s: 1}]", "faults.fail[0].node: node 4 is not in the cluster (nodes 0..3)"),
+        ("faults.fail=[{at_s: 1}]", "faults.fail[0]: give exactly one of node, link, nic"),
+        ("faults.fail=[{node: 1, link: node0.nic0.tx, at_s: 1}]", "exactly one of node, link, nic (got node, link)"),
+        ("faults.fail=[{node: 1}]", "missing key 'faults.fail[0].at_s'"),
+        ("faults.fail=[{node: 1, at_s: -1}]", "faults.fail[0].at_s must be >= 0"),
+        ("faults.fail=[{node: 1, at_s: .inf}]", "faults.fail[0].at_s: expected a finite number"),
+        ("faults.fail=[{node: 1, at_s: .nan}]", "faults.fail[0].at_s: expected a finite number"),
+        ("faults.fail=[{node: 1, at_s: 2.0e+9}]", "faults.fail[0].at_s must be <= 1000000000"),
+        ("faults.fail=[{link: node0.nic9.tx, at_s: 1}]", "faults.fail[0].link: no link 'node0.nic9.tx'"),
+        ("faults.fail=[{nic: {node: 1, index: 8}, at_s: 1}]", "faults.fail[0].nic.index: node 1 has 8 NICs"),
+        ("faults.fail=[{nic: {node: 7}, at_s: 1}]", "faults.fail[0].nic.node: node 7 is not in the cluster"),
+        ("faults.collective_timeout_s=0", "faults.collective_timeout_s must be >= 1e-06"),
+        ("faults.collective_timeout_s=.inf", "faults.collective_timeout_s: expected a finite number"),
     ],
 )
 def test_invalid_faults_name_the_key(override, message):
@@ -218,3 +233,95 @@ def test_uneven_scale_up_ports_take_the_message_level_path():
     fast, reference = times(), times("engine.fast_collectives=none")
     assert fast == reference
     assert fast[0] > execute(load_run(path, overrides[:4]))[0]["iteration_time_s"]
+
+
+# -- fail: a node or link that goes down ------------------------------------------------------------
+NODE_FAILURE = CONFIGS / "examples" / "node-failure.yaml"
+# node 1 dies at 0.1 s, in the second iteration (0.0588 s each) after its first gradient all-reduce
+# (call #2) completed; the 24 survivors finish the second half of the backward and start call #3 at
+# 0.110318 s, which needs node 1's ranks: PyTorch's watchdog fires 600 s after that start
+NODE_FAILURE_LINE = (
+    "node 1 failed at t=0.100000 s; the collective timeout (600 s) fires at t=600.110318 s: 24 rank(s) hung "
+    "(8 more on the failed node(s)): rank 0 (since t=0.110318 s): all_reduce #3 on group[0,1,2,3,4,5,6,7,...] "
+    "(536870912 B, ring) waiting for rank(s) 7, 31 | rank 1 (since t=0.110318 s): all_reduce #3 on "
+    "group[0,1,2,3,4,5,6,7,...] (536870912 B, ring) waiting for rank(s) 0, 24"
+)
+
+
+def _failure(config, shards: int = 1) -> FailureError:
+    with pytest.raises(FailureError) as info:
+        execute(config, shards=shards)
+    return info.value
+
+
+def test_node_failure_stops_at_the_timeout_with_a_partial_run_dir(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(NODE_FAILURE), "--out", str(out), "--quiet"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: " + NODE_FAILURE_LINE + " | ") and line.endswith(" (+20 more ranks)")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == line.removeprefix("error: ")
+    # the survivors' last event is the start of the hung call; the run stops 600 s later
+    assert 0.1 < summary["virtual_time_reached_s"] <= 600.110318
+    assert summary["iterations"] == 1 and summary["fingerprint"] and summary["ranks_missing"] == 0
+    assert summary["faults"]["fail"] == [{"what": "node 1", "at_s": 0.1, "ranks": list(range(8, 16)),
+                                          "links_down": 8 * 2 + 8 * 4}]  # fmt: skip
+    for table in ("links.csv", "ranks.csv", "trace.json"):
+        assert (out / table).is_file()
+    # the failed node's NICs carried nothing after 0.1 s: less than the healthy node 2's
+    links = {r["name"]: int(r["bytes"]) for r in csv.DictReader(open(out / "links.csv"))}
+    assert links["node1.nic0.tx"] < links["node2.nic0.tx"]
+
+
+def test_failure_report_and_partial_results_identical_on_1_and_2_shards():
+    config = load_run(NODE_FAILURE)
+    errors = [_failure(config, shards) for shards in (1, 2)]
+    assert str(errors[0]) == str(errors[1]) and str(errors[0]).startswith(NODE_FAILURE_LINE)
+    assert errors[0].stop_ns == 600_110_318_466 == errors[1].stop_ns and errors[0].failed_at_ns == 100_000_000
+    prints = [e.run_summary["fingerprint"] for e in errors]
+    assert prints[0] == prints[1]
+
+
+def test_timeout_counts_from_the_start_of_the_hung_wait():
+    error = _failure(load_run(NODE_FAILURE, ["faults.collective_timeout_s=30"]))
+    assert "the collective timeout (30 s) fires at t=30.110318 s: 24 rank(s) hung" in str(error)
+
+
+def test_failure_after_the_end_or_off_the_path_changes_nothing():
+    """After the run's end (0.176 s), or on an uplink share the run never uses (every node of the
+    4-node cluster shares one leaf), the figures are those of the healthy run, bit for bit: the
+    Python collective path a failure forces gives the compiled core's results."""
+    plain = execute(load_run(DATA_PARALLEL))[0]["fingerprint"]
+    late = "faults.fail=[{node: 1, at_s: 10}]"
+    unused = "faults.fail=[{link: node0.nic0.ib-leaf-ib-spine.up, at_s: 0.01}]"
+    for override in (late, unused):
+        assert execute(load_run(DATA_PARALLEL, [override]))[0]["fingerprint"] == plain
+
+
+@pytest.mark.parametrize(
+    "override, what",
+    [
+        ("faults.fail=[{link: node1.nic0.tx, at_s: 0.1}]", "link node1.nic0.tx failed at t=0.100000 s"),
+        ("faults.fail=[{nic: {node: 2, index: 3}, at_s: 0.05}]", "NIC 3 of node 2 failed at t=0.050000 s"),
+    ],
+)
+def test_link_failure_hangs_the_ranks_that_need_it(override, what):
+    """Every GPU stays up: all 32 ranks hang (none counted on a failed node), the ring all-reduce
+    that crosses the link first."""
+    errors = [_failure(load_run(DATA_PARALLEL, [override]), shards) for shards in (1, 2)]
+    assert str(errors[0]) == str(errors[1])
+    text = str(errors[0])
+    assert text.startswith(what + "; the collective timeout (600 s) fires at t=600.")
+    assert ": 32 rank(s) hung: rank " in text and "all_reduce #" in text
+
+
+def test_failed_scale_up_port_loses_the_intra_node_closed_form_call():
+    """gpu3's NVSwitch port down in a tensor-parallel run: its tensor group's collectives (closed
+    form on the fast path, message by message without it) never end; the report names them."""
+    overrides = ["cluster.nodes=2", "parallel.data=2", "training.global_batch_size=8", "model.num_layers=2",
+                 "faults.fail=[{link: gpu3.nvswitch.tx, at_s: 0.05}]"]  # fmt: skip
+    path = RUNS / "megatron-22b-8gpu.yaml"
+    for extra in ([], ["engine.fast_collectives=none"]):
+        text = str(_failure(load_run(path, [*overrides, *extra])))
+        assert text.startswith("link gpu3.nvswitch.tx failed at t=0.050000 s; the collective timeout")
+        assert "on group[0,1,2,3,4,5,6,7]" in text
