@@ -182,6 +182,9 @@ def failure_summary(config, exc: BaseException, backend: str, shards: int, wall_
         summary["ranks_missing"] = config.cluster.world_size - len(partial.ranks)
     else:
         reached_ns = stats.virtual_time_ns if stats is not None and math.isfinite(stats.virtual_time_ns) else 0
+    stop_ns = getattr(exc, "stop_ns", None)  # a failure (faults.fail): the run ends when the collective timeout fires
+    if stop_ns is not None:
+        reached_ns = stop_ns
     summary.update({
         "name": config.name,
         "backend": backend,
