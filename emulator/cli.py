@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from emulator.errors import EmulatorError
@@ -140,8 +139,7 @@ def cmd_run(args) -> int:
         # so that Prometheus scrapes the final figures and the status, as after a completed run
         print(f"error: {exc}", file=sys.stderr, flush=True)
         monitor.linger(args.metrics_grace_s, quiet=args.quiet)
-        exc.reported = True
-        raise
+        return exc.exit_code
     except KeyboardInterrupt:
         # the run directory and the endpoint say "interrupted" with what was reached; a second
         # Ctrl-C ends the grace period at once
@@ -202,16 +200,8 @@ def cmd_sweep(args) -> int:
                               metrics=metrics)  # fmt: skip
         print(format_rows(rows))
         print(f"{len(rows)} points ({sum(r['status'] == 'ok' for r in rows)} ok) -> {out}/sweep.csv", flush=True)
-        if metrics is not None and args.metrics_grace_s > 0:
-            from emulator.monitoring.progress import format_duration
-
-            if not args.quiet:
-                print(f"metrics stay up at {metrics.exporter.url} for {format_duration(args.metrics_grace_s)} "
-                      "(Ctrl-C to stop)", file=sys.stderr, flush=True)  # fmt: skip
-            try:
-                time.sleep(args.metrics_grace_s)
-            except KeyboardInterrupt:
-                pass
+        if metrics is not None:
+            metrics.exporter.serve_for(args.metrics_grace_s, args.quiet)
     finally:
         if metrics is not None:
             metrics.close()
@@ -279,8 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except EmulatorError as exc:
-        if not getattr(exc, "reported", False):
-            print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

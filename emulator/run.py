@@ -70,9 +70,7 @@ def prepare(config, backend: str = "inline", shards: int = 1, trace_ranks="defau
     if check_memory:
         traced = {"all": config.cluster.world_size, "none": 0}.get(trace_ranks) if isinstance(trace_ranks, str) \
             else (len(trace_ranks) if trace_ranks is not None else None)  # fmt: skip
-        require_fits(config, traced_ranks=traced)  # None: the first node's GPUs, the default
-        if traced is None:
-            traced = config.cluster.groups()[0].gpus_per_node
+        traced = require_fits(config, traced_ranks=traced).traced_ranks  # None: the first node's GPUs
     topo = Topology(config.cluster)
     ranks = parse_rank_spec(trace_ranks, topo)
     if check_memory and len(ranks) > traced:

@@ -187,6 +187,16 @@ def csv_columns(knobs: list[str]) -> list[str]:
     return ["point", "config_hash", *knobs, "status", "reason", *FIGURES]
 
 
+def knob_columns(rows: list[dict]) -> list[str]:
+    """The knobs of sweep rows (every column that is not one of :func:`csv_columns`' own), in
+    order of first appearance."""
+    fixed = set(csv_columns([]))
+    knobs: list[str] = []
+    for row in rows:
+        knobs.extend(k for k in row if k not in fixed and k not in knobs)
+    return knobs
+
+
 def read_done(csv_path: Path) -> dict[str, dict]:
     """Rows of an earlier ``sweep.csv`` by config hash (timeouts left out: they run again)."""
     if not csv_path.is_file():
@@ -433,10 +443,7 @@ def format_rows(rows: list[dict]) -> str:
     """The sweep as a table: one line per point, the knobs, status and headline figures."""
     if not rows:
         return "no points"
-    knobs = [k for k in rows[0] if k not in ("point", "config_hash", "status", "reason", *FIGURES)]
-    for row in rows[1:]:
-        knobs.extend(k for k in row if k not in knobs and k not in ("point", "config_hash", "status", "reason",
-                                                                     *FIGURES))  # fmt: skip
+    knobs = knob_columns(rows)
     header = ["point", *knobs, "status", "iteration s", "tokens/s", "MFU", "peak GiB"]
     lines = []
     for r in rows:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 import os
 import resource
+import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import TextIO
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -261,6 +263,21 @@ class Exporter:
 
     def publish(self, snapshot: Snapshot) -> None:
         self.collector.snapshot = snapshot
+
+    def serve_for(self, grace_s: float, quiet: bool = False, stream: TextIO | None = None) -> None:
+        """Keep serving the final figures ``grace_s`` seconds, so that Prometheus scrapes them (Ctrl-C
+        ends the wait early); says so on ``stream`` (stderr) unless ``quiet``."""
+        if not (grace_s > 0 and math.isfinite(grace_s)):
+            return
+        if not quiet:
+            from emulator.monitoring.progress import format_duration
+
+            print(f"metrics stay up at {self.url} for {format_duration(grace_s)} (Ctrl-C to stop)",
+                  file=stream if stream is not None else sys.stderr, flush=True)  # fmt: skip
+        try:
+            time.sleep(grace_s)
+        except KeyboardInterrupt:
+            pass
 
     def close(self) -> None:
         if self._server is not None:

@@ -11,7 +11,6 @@ Observing never changes results.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import replace
@@ -20,7 +19,7 @@ from typing import TextIO
 from emulator.hardware.gpus import get_gpu
 from emulator.monitoring.live import NAN, LiveState, Snapshot
 from emulator.monitoring.plan import work_plan
-from emulator.monitoring.progress import ProgressDisplay, format_duration
+from emulator.monitoring.progress import ProgressDisplay
 from netmodel.topology import Topology
 
 
@@ -121,14 +120,8 @@ class Monitor:
 
     def linger(self, grace_s: float, quiet: bool = False) -> None:
         """Keep ``/metrics`` up for ``grace_s`` seconds (Ctrl-C ends the wait early), then close."""
-        if self.exporter is not None and grace_s > 0 and math.isfinite(grace_s):
-            if not quiet:
-                print(f"metrics stay up at {self.exporter.url} for {format_duration(grace_s)} (Ctrl-C to stop)",
-                      file=self.stream, flush=True)  # fmt: skip
-            try:
-                time.sleep(grace_s)
-            except KeyboardInterrupt:
-                pass
+        if self.exporter is not None:
+            self.exporter.serve_for(grace_s, quiet, self.stream)
         self.close()
 
     def close(self) -> None:

@@ -265,7 +265,6 @@ def trace_section(trace: Path | None, page: Path | None) -> str:
 def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = None, page: Path | None = None) -> str:
     s = data.summary
     has_tables = bool(data.ranks or data.links)
-    title = html.escape(f"Run report: {s.get('name', '')}")
     sections = [
         status_banner(s, has_tables),
         _section("Summary", _table(headline_rows(s), ["figure", "value"])),
@@ -278,7 +277,12 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
         trace_section(trace, page),
         _section("Resolved config", f"<pre>{html.escape(yaml.safe_dump(data.config, sort_keys=False))}</pre>"),
     ]
-    body = "".join(part for part in sections if part)
+    return html_page(f"Run report: {s.get('name', '')}", "".join(part for part in sections if part))
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained page: ``title`` (plain text) as its title and heading, ``body`` (HTML)."""
+    title = html.escape(title)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>{STYLE}</style>

@@ -9,15 +9,11 @@ point beats on both (faster and smaller): the ones worth choosing between.
 
 from __future__ import annotations
 
-import html
 import io
 from pathlib import Path
 
 from emulator.results import units
 from emulator.results.rundir import read_csv
-
-FIXED = ("point", "config_hash", "status", "reason", "iteration_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-         "peak_memory_bytes", "bubble_fraction", "exposed_comm_fraction", "wall_time_s")  # fmt: skip
 
 
 def _figure(row: dict, key: str) -> float | None:
@@ -39,13 +35,6 @@ def pareto_front(rows: list[dict]) -> list[dict]:
             front.append(r)
             least_memory = memory
     return front
-
-
-def knob_columns(rows: list[dict]) -> list[str]:
-    knobs: list[str] = []
-    for r in rows:
-        knobs.extend(k for k in r if k not in FIXED and k not in knobs)
-    return knobs
 
 
 def _png(fig) -> bytes:
@@ -117,7 +106,8 @@ def _cell(row: dict, key: str) -> str:
 
 
 def render_sweep_html(name: str, rows: list[dict], pngs: dict[str, bytes]) -> str:
-    from emulator.results.report import STYLE, _image, _section, _table
+    from emulator.results.report import _image, _section, _table, html_page
+    from emulator.sweep import knob_columns
 
     knobs = knob_columns(rows)
     front = {r["point"] for r in pareto_front(rows)}
@@ -127,7 +117,6 @@ def render_sweep_html(name: str, rows: list[dict], pngs: dict[str, bytes]) -> st
               _cell(r, "peak_memory_bytes"), "yes" if r["point"] in front else "", _cell(r, "wall_time_s"),
               str(r.get("reason") or "")] for r in rows]  # fmt: skip
     ok = sum(r.get("status") == "ok" for r in rows)
-    title = html.escape(f"Sweep report: {name}")
     body = (
         f"<p>{len(rows)} points, {ok} ok. The Pareto front holds the points no other point beats on both "
         "iteration time and peak memory.</p>"
@@ -135,12 +124,7 @@ def render_sweep_html(name: str, rows: list[dict], pngs: dict[str, bytes]) -> st
         + _section("Throughput", _image("throughput", pngs))
         + _section("Memory against iteration time", _image("pareto", pngs))
     )
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>{STYLE}</style>
-</head><body><h1>{title}</h1>
-{body}</body></html>
-"""
+    return html_page(f"Sweep report: {name}", body)
 
 
 def write_sweep_report(sweep_dir: Path, page: Path) -> tuple[Path, list[Path]]:

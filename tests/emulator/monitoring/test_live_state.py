@@ -140,6 +140,16 @@ def test_monitor_without_port_or_display_is_inactive():
     assert not Monitor(config, run_id="r").active
 
 
+def final_snapshot(program, nodes: int, both: bool):
+    """The live figures at the end of ``program`` on ``nodes`` nodes of 4 GPUs (one shard)."""
+    config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=nodes, gpus=4)}, "")
+    topo = Topology(config.cluster)
+    recorder = Recorder()
+    run_inline(config, topo, 1, observer=recorder, program=program, args={"both": both})
+    tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
+    return LiveState(tier_links).observe(1.0, *recorder.calls[-1][:3])
+
+
 def contending_program(gpu):
     """Two all-reduces over all nodes at once on two streams: the second waits for busy links."""
     if gpu.rank % 4:
@@ -155,12 +165,7 @@ def contending_program(gpu):
 @pytest.mark.parametrize("both", [False, True])
 def test_queueing_is_recorded_only_when_links_are_busy(both):
     """A lone collective never waits for a link; two at once do, on the scale-out tier."""
-    config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=4, gpus=4)}, "")
-    topo = Topology(config.cluster)
-    recorder = Recorder()
-    run_inline(config, topo, 1, observer=recorder, program=contending_program, args={"both": both})
-    tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
-    snap = LiveState(tier_links).observe(1.0, *recorder.calls[-1][:3])
+    snap = final_snapshot(contending_program, 4, both)
     assert (sum(snap.tier_queueing_s[1:]) > 0) == both
     assert (sum(snap.tier_queued_messages) > 0) == both
     assert (sum(link[4] for link in snap.hot_links) > 0) == both
@@ -182,12 +187,7 @@ def contending_sends(gpu):
 def test_point_to_point_queueing_is_recorded(both):
     """Pipeline-style sends are in the queueing figures too: the second of two sends through one
     NIC waits for it, a lone send never does."""
-    config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=2, gpus=4)}, "")
-    topo = Topology(config.cluster)
-    recorder = Recorder()
-    run_inline(config, topo, 1, observer=recorder, program=contending_sends, args={"both": both})
-    tier_links = [topo.link_tier.count(t) for t in range(len(topo.tier_names))]
-    snap = LiveState(tier_links).observe(1.0, *recorder.calls[-1][:3])
+    snap = final_snapshot(contending_sends, 2, both)
     assert (sum(snap.tier_queued_messages) > 0) == both
     assert (sum(snap.tier_queueing_s) > 0) == both
 
