@@ -344,6 +344,58 @@ class RayTransport:
             self.compiled = None
 
 
+class DirectRayTransport(RayTransport):
+    """The shard actors running the rounds among themselves (``engine.ray_rounds: direct``,
+    actors/peer.py): a TCP connection between every pair of shards carries each round's replies and
+    records; the driver starts the rounds, hears from the shards every so often, and finishes them."""
+
+    exchanges_directly = True
+
+    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks):
+        super().__init__(ray, pool, config, topo, layout, rank_shard, trace_ranks)
+        self.lookahead_ns = topo.min_cross_node_latency_ns()
+        self.reached: tuple | None = None
+
+    def start(self) -> None:
+        n = self.shards
+        addresses = self.pool.call("open_mesh", {i: (i, n) for i in range(n)})
+        addresses = [addresses[i] for i in range(n)]
+        self.pool.call("connect_mesh", {i: (addresses, START_TIMEOUT_S) for i in range(n)}, timeout_s=START_TIMEOUT_S)
+        config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
+        source = _program_source(self.config)
+        self.pool.call("start_direct", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source,
+                                            self.lookahead_ns) for i in range(n)})  # fmt: skip
+
+    def advance(self, budget_s: float, want_stats: bool) -> tuple[bool, tuple, list]:
+        replies = self.pool.call("run", {i: (budget_s, want_stats) for i in range(self.shards)})
+        for i in range(self.shards):
+            if replies[i]["status"] == "peer_lost":  # its process is alive, but it stopped taking part
+                peer = replies[i]["peer"]
+                raise self.pool.shard_error(peer, f"lost its connection to shard {i}")
+        statuses = {r["status"] for r in replies.values()}
+        assert len(statuses) == 1, statuses  # every shard stops after the same round, for the same reason
+        return statuses == {"done"}, replies[0]["counters"], [replies[i]["stats"] for i in range(self.shards)]
+
+    def salvage(self, lost: set[int]) -> list[dict | None]:
+        ray = self.ray
+        alive = [(i, actor) for i, actor in enumerate(self.pool.actors) if i not in lost]
+        for _, actor in alive:  # rounds waiting on a lost peer end at once
+            actor.abort.remote()
+        # the driver hears the counters only every so often: take them from the shards still there
+        # (the least advanced; they stopped within a round of each other)
+        refs = [actor.progress.remote() for _, actor in alive]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SALVAGE_TIMEOUT_S)
+        reached = []
+        for ref in ready:
+            try:
+                reached.append(ray.get(ref, timeout=0))
+            except ray.exceptions.RayError:
+                pass
+        reached = [r for r in reached if r is not None]
+        self.reached = min(reached) if reached else None
+        return super().salvage(lost)
+
+
 def run_ray(config, topo, shards: int, address: str | None = None, observer: Observer | None = None,
             trace_ranks=(), cpus_per_shard: float = 1.0) -> RunResult:  # fmt: skip
     """Run ``config`` on ``shards`` Ray actors; the same results as ``run_inline``."""
@@ -353,7 +405,9 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
     pool = ShardPool(ray, place_shards(ray, len(layout), cpus_per_shard))
     try:
         pool.describe()
-        transport = RayTransport(ray, pool, config, topo, layout, rank_shard, trace_ranks)
+        direct = len(layout) > 1 and config.engine.ray_rounds == "direct"
+        transport = (DirectRayTransport if direct else RayTransport)(ray, pool, config, topo, layout, rank_shard,
+                                                                     trace_ranks)  # fmt: skip
         result = drive(transport, topo.min_cross_node_latency_ns(), observer)
     except BaseException as exc:
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)

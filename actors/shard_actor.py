@@ -23,6 +23,7 @@ from pathlib import Path
 import msgpack
 import ray
 
+from actors.peer import Mesh, PeerRounds
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import tune_process
 from emulator.engine.shard import Shard
@@ -138,6 +139,8 @@ class ShardHost:
         tune_process()  # this process only hosts a shard: keep the cyclic collector out of its loop
         self.shard: Shard | None = None
         self.program_digests: dict[str, str] = {}  # actors serve several runs of one driver
+        self.mesh: Mesh | None = None  # connections to the other shards (engine.ray_rounds: direct)
+        self.peer: PeerRounds | None = None
         code_digest()
 
     def describe(self) -> dict:
@@ -153,6 +156,50 @@ class ShardHost:
     def start(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks=(),
               program_source: bytes | None = None) -> tuple:  # fmt: skip
         """Build the shard and run every program to its first suspension; replies as :meth:`step`."""
+        return self._reply(self._build(config, ranks, rank_shard, index, trace_ranks, program_source), False)
+
+    # -- rounds among the shards (engine.ray_rounds: direct, actors/peer.py) --------------------
+    def open_mesh(self, index: int, shards: int) -> tuple[str, int]:
+        """Listen for the other shards of a run; returns the address they connect to."""
+        self.close_mesh()
+        self.mesh = Mesh(index, shards, ray.util.get_node_ip_address())
+        return self.mesh.address
+
+    def connect_mesh(self, addresses: list[tuple[str, int]], timeout_s: float) -> None:
+        self.mesh.connect(addresses, timeout_s)
+
+    def start_direct(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks,
+                     program_source: bytes | None, lookahead_ns: float) -> None:  # fmt: skip
+        """:meth:`start`, its reply kept for the first exchange with the other shards."""
+        reply = self._build(config, ranks, rank_shard, index, trace_ranks, program_source)
+        self.peer = PeerRounds(self.shard, index, self.mesh.shards, self.mesh, lookahead_ns, encode_records,
+                               decode_records)  # fmt: skip
+        self.peer.begin(reply)
+
+    def run(self, budget_s: float, want_stats: bool) -> dict:
+        """Rounds with the other shards for about ``budget_s`` (actors/peer.py, ``PeerRounds.run``)."""
+        reply = self.peer.run(budget_s)
+        reply["stats"] = self.live_stats() if want_stats else None
+        return reply
+
+    def progress(self) -> tuple | None:
+        """The rounds' counters so far (after the rounds stopped), as ``PeerRounds.run`` returns them."""
+        return self.peer.counters() if self.peer is not None else None
+
+    @ray.method(concurrency_group="control")
+    def abort(self) -> None:
+        """Wake this shard's rounds if they wait on a peer that will never answer (a lost host)."""
+        if self.mesh is not None:
+            self.mesh.abort()
+
+    def close_mesh(self) -> None:
+        if self.mesh is not None:
+            self.mesh.close()
+        self.mesh, self.peer = None, None
+
+    def _build(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks,
+               program_source: bytes | None) -> tuple:  # fmt: skip
+        """Build the shard and run every program to its first suspension; the shard's reply."""
         config = localise_program(config, program_source)
         if program_source is not None:  # an edited program is imported again, as a new driver would
             digest = hashlib.sha256(program_source).hexdigest()
@@ -163,7 +210,7 @@ class ShardHost:
         topo = Topology(config.cluster)
         fold = fold_factor(config, topo)  # resolve_program gave the built-in workload iff config.program is None
         self.shard = Shard(topo, ranks, rank_shard, index, program, config, args, trace_ranks, fold)
-        return self._reply(self.shard.start(), False)
+        return self.shard.start()
 
     def step(self, horizon: float, inbound: list[bytes], want_stats: bool) -> tuple:
         """One round: deliver ``inbound`` (blobs in source-shard order), run before ``horizon``.
@@ -195,11 +242,13 @@ class ShardHost:
         """What every unfinished rank is blocked on, the shard's results, its last live figures."""
         stats = self.live_stats()
         shard, self.shard = self.shard, None  # the actor may serve the driver's next run
+        self.close_mesh()
         return shard.blocked(), export_shard(shard), stats
 
     def salvage(self) -> dict | None:
         """The shard's results so far, after the driver stopped the run (an error elsewhere, Ctrl-C)."""
         shard, self.shard = self.shard, None
+        self.close_mesh()
         return export_shard(shard) if shard is not None else None
 
     @ray.method(concurrency_group="control")

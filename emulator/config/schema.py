@@ -122,11 +122,12 @@ class EngineConfig:
     # where message-level collectives run: "compiled" (numba, emulator/engine/netkernels.py) or
     # "python" (the reference implementation); the results are the same bit for bit
     collective_engine: Literal["compiled", "python"] = "compiled"
-    # how the Ray backend runs rounds: "calls" (one actor call per busy shard and round) or
-    # "compiled" (one Ray compiled graph over the shard actors, actors/compiled.py: ~3x less overhead
-    # per round, but its processes spin while they wait, which costs more than it saves where shards
-    # and driver share too few cores, as on two; see benchmarks/README.md)
-    ray_rounds: Literal["calls", "compiled"] = "calls"
+    # how the Ray backend runs rounds: "direct" (the shards exchange each round's replies and records
+    # over a connection per pair of shards, actors/peer.py; the driver is out of the rounds), "calls"
+    # (one actor call per busy shard and round, through the driver) or "compiled" (one Ray compiled
+    # graph over the shard actors, actors/compiled.py, whose processes spin while they wait);
+    # measured in benchmarks/README.md
+    ray_rounds: Literal["direct", "calls", "compiled"] = "direct"
 
     def validate(self, path: str) -> None:
         require_range(self, path, "max_ops_ahead", 2, lim.MAX_OPS_AHEAD)

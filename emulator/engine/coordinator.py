@@ -18,7 +18,9 @@ starts. A single shard needs no rounds at all (one call, or ``window_ns`` slices
 
 :func:`drive` is the one run sequence of every backend: start, rounds, finish, merge. A backend
 supplies a :class:`Transport` that moves the calls and the batches (in-process: method calls;
-Ray: actor calls or a compiled graph).
+Ray: actor calls or a compiled graph), or a :class:`DirectTransport` whose shards each keep a copy
+of the protocol's state (:class:`Rounds`) and exchange their replies with each other (Ray: direct
+connections between the shard actors).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ INF = float("inf")
 
 OBSERVE_EVERY_S = 0.5  # wall seconds between live observations
 WINDOW_NS = 1e7  # virtual time a single observed shard advances per round
+UNOBSERVED_EVERY_S = 2.0  # wall seconds between a driver's checks on shards that run rounds themselves
 
 
 class Observer(Protocol):
@@ -71,6 +74,20 @@ class Transport(Protocol):
         """After a failure or Ctrl-C: each shard's results so far, None for a shard that cannot
         answer (``lost``: known lost with its host, not asked); in shard order. Called at most
         once, never after ``finish``."""
+
+
+class DirectTransport(Transport, Protocol):
+    """A transport whose shards run the rounds among themselves, each with its own :class:`Rounds`,
+    exchanging replies shard to shard (``actors/peer.py``): no round passes through the driver.
+    ``start`` then returns nothing, and ``step`` is never called."""
+
+    exchanges_directly: bool  # True
+    reached: tuple | None  # after ``salvage``: the counters as ``advance`` returns them, if any shard answered
+
+    def advance(self, budget_s: float, want_stats: bool) -> tuple[bool, tuple, list]:
+        """Let the shards run rounds for about ``budget_s`` wall seconds (they stop together, after
+        the same round); returns ``(ended, (rounds, cross-shard messages, virtual time, overhead
+        seconds), live stats per shard or Nones)``. Raises the run's errors in shard order."""
 
 
 @dataclass
@@ -149,6 +166,9 @@ def salvage(transport: Transport, stats: RoundStats, lost: set[int]):
 
     try:
         exports = [e for e in transport.salvage(lost) if e is not None]
+        reached = getattr(transport, "reached", None)  # a DirectTransport's shards kept the counters
+        if reached is not None:
+            stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, stats.overhead_s = reached
         if not exports:
             return None
         result = merge(transport.world_size, exports, stats.rounds, stats.cross_shard_messages, partial=True)
@@ -158,56 +178,106 @@ def salvage(transport: Transport, stats: RoundStats, lost: set[int]):
     return result
 
 
-def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, observer: Observer | None = None,
-               observe_every_s: float = OBSERVE_EVERY_S, window_ns: float = WINDOW_NS) -> list:  # fmt: skip
-    """The rounds of :func:`drive`; ``stats`` is updated as they go (a failed run keeps them).
+class Rounds:
+    """The protocol's state: what every shard last reported, what is on its way to each shard.
 
-    A shard with no event before its horizon and nothing inbound would do nothing: it is skipped
-    (every shard takes part in observed rounds). How the work is cut never changes results.
+    One copy lives in the driver (``run_rounds``: transports that step the shards on call), or one
+    in every shard (a transport whose shards exchange their replies directly, ``actors/peer.py``):
+    the same replies received in the same order give every copy the same horizons, so both ways
+    run the same rounds. A reply is ``(next event time, output bound, {dst: (count, earliest,
+    payload)})``; a copy that is not ``dst``'s may hold None for the payload (only the count and
+    the earliest time decide the horizons).
     """
-    n = transport.shards
-    nexts, bounds, done = [INF] * n, [INF] * n, [0.0] * n
-    inbox: list[list] = [[] for _ in range(n)]
-    arriving = [INF] * n  # earliest record on its way to each shard
 
-    def receive(replies: dict) -> None:
+    def __init__(self, shards: int, lookahead_ns: float, window_ns: float = WINDOW_NS, observed: bool = False):
+        n = shards
+        self.n, self.lookahead_ns, self.window_ns, self.observed = n, lookahead_ns, window_ns, observed
+        self.nexts, self.bounds, self.done = [INF] * n, [INF] * n, [0.0] * n
+        self.inbox: list[list] = [[] for _ in range(n)]
+        self.arriving = [INF] * n  # earliest record on its way to each shard
+        self.stats = RoundStats()
+
+    def receive(self, replies: dict) -> None:
+        """Take the replies of the shards that worked (any order; applied in shard order)."""
         for i in replies:
-            nexts[i], bounds[i] = replies[i][0], replies[i][1]
+            self.nexts[i], self.bounds[i] = replies[i][0], replies[i][1]
         for i in sorted(replies):  # source-shard order: every backend delivers in this order
             for dst, (count, earliest, payload) in sorted(replies[i][2].items()):
-                stats.cross_shard_messages += count
-                inbox[dst].append(payload)
-                if earliest < arriving[dst]:
-                    arriving[dst] = earliest
+                self.stats.cross_shard_messages += count
+                self.inbox[dst].append(payload)
+                if earliest < self.arriving[dst]:
+                    self.arriving[dst] = earliest
 
-    receive(transport.start())
+    def plan(self, observe: bool = False) -> dict[int, tuple[float, list]] | None:
+        """The next round's work, ``{shard: (horizon, inbound payloads)}``, or None at the end.
+
+        A shard with no event before its horizon and nothing inbound would do nothing: it is left
+        out (every shard works in a round that is ``observe``d). How the work is cut never changes
+        results. The work handed out is taken off the state: the caller must run it.
+        """
+        n = self.n
+        pending = [min(a, b) for a, b in zip(self.nexts, self.arriving, strict=True)]
+        t_min = min(pending)
+        self.stats.virtual_time_ns = t_min
+        if t_min == INF:
+            return None
+        if n == 1:
+            horizons = [t_min + self.window_ns if self.observed else INF]
+        else:
+            horizons = next_horizons(self.done, self.nexts, self.bounds, self.arriving, self.lookahead_ns)
+        work = {}
+        for i in range(n):
+            if observe or self.inbox[i] or pending[i] < horizons[i]:
+                work[i] = (horizons[i], self.inbox[i])
+                self.inbox[i], self.arriving[i], self.done[i] = [], INF, horizons[i]
+        return work
+
+
+def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, observer: Observer | None = None,
+               observe_every_s: float = OBSERVE_EVERY_S, window_ns: float = WINDOW_NS) -> list:  # fmt: skip
+    """The rounds of :func:`drive`; ``stats`` is updated as they go (a failed run keeps them)."""
+    if getattr(transport, "exchanges_directly", False):
+        return _rounds_in_shards(transport, stats, observer, observe_every_s)
+    rounds = Rounds(transport.shards, lookahead_ns, window_ns, observer is not None)
+    rounds.stats = stats
+    rounds.receive(transport.start())
     last_observed = time.monotonic()
     while True:
-        pending = [min(a, b) for a, b in zip(nexts, arriving, strict=True)]
-        t_min = min(pending)
-        stats.virtual_time_ns = t_min
-        if t_min == INF:
-            break
-        if n == 1:
-            horizons = [t_min + window_ns if observer is not None else INF]
-        else:
-            horizons = next_horizons(done, nexts, bounds, arriving, lookahead_ns)
         due = observer is not None and time.monotonic() - last_observed >= observe_every_s
-        busy = [i for i in range(n) if due or inbox[i] or pending[i] < horizons[i]]
-        work = {i: (horizons[i], inbox[i], due) for i in busy}
+        work = rounds.plan(observe=due)
+        if work is None:
+            break
         started = time.perf_counter()
-        replies = transport.step(work)
+        replies = transport.step({i: (horizon, inbound, due) for i, (horizon, inbound) in work.items()})
         stats.overhead_s += time.perf_counter() - started - max(r[4] for r in replies.values())
         stats.rounds += 1
-        for i in busy:
-            inbox[i], arriving[i], done[i] = [], INF, horizons[i]
-        receive(replies)
+        rounds.receive(replies)
         if due:
             last_observed = time.monotonic()
-            publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [replies[i][3] for i in range(n)])
+            publish(observer, stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns,
+                    [replies[i][3] for i in range(transport.shards)])  # fmt: skip
     finished = transport.finish()
     if observer is not None:
-        publish(observer, stats.rounds, stats.cross_shard_messages, t_min, [f[2] for f in finished])
+        publish(observer, stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, [f[2] for f in finished])
+    return finished
+
+
+def _rounds_in_shards(transport, stats: RoundStats, observer: Observer | None, observe_every_s: float) -> list:
+    """Rounds that the shards run among themselves (each keeps its own :class:`Rounds`): the driver
+    only starts them, hears from them every ``observe_every_s`` wall seconds (or every
+    ``UNOBSERVED_EVERY_S``), and finishes them."""
+    transport.start()
+    while True:
+        budget_s = observe_every_s if observer is not None else UNOBSERVED_EVERY_S
+        done, counters, shard_stats = transport.advance(budget_s, observer is not None)
+        stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, stats.overhead_s = counters
+        if done:
+            break
+        if observer is not None:
+            publish(observer, stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, shard_stats)
+    finished = transport.finish()
+    if observer is not None:
+        publish(observer, stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, [f[2] for f in finished])
     return finished
 
 
