@@ -32,6 +32,7 @@ import time
 import msgpack
 
 from emulator.engine.coordinator import Rounds
+from emulator.errors import BackendError
 
 _LENGTH = struct.Struct("!Q")  # a frame: its length, then the msgpack of (header, payload)
 _HELLO = struct.Struct("!I")  # a new connection's first bytes: the connecting shard's index
@@ -64,14 +65,30 @@ class Mesh:
         """Connect to the lower-numbered shards, accept the higher ones (connects complete in the
         listeners' backlog, so every shard can do both at once)."""
         for j in range(self.index):
-            sock = socket.create_connection(tuple(addresses[j]), timeout=timeout_s)
-            sock.sendall(_HELLO.pack(self.index))
+            host, port = addresses[j]
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout_s)
+                sock.sendall(_HELLO.pack(self.index))
+            except OSError as exc:
+                raise BackendError(
+                    f"shard {self.index} cannot connect to shard {j} at {host}:{port} ({exc.strerror or exc}): the "
+                    "shards' hosts must reach each other on any TCP port, or use --set engine.ray_rounds=calls"
+                ) from None
             self.peers[j] = sock
         self.listener.settimeout(timeout_s)
         while len(self.peers) < self.shards - 1:
-            sock, _ = self.listener.accept()
-            sock.settimeout(timeout_s)
-            self.peers[_HELLO.unpack(_recv_exact(sock, _HELLO.size))[0]] = sock
+            try:
+                sock, _ = self.listener.accept()
+                sock.settimeout(timeout_s)
+                self.peers[_HELLO.unpack(_recv_exact(sock, _HELLO.size))[0]] = sock
+            except OSError as exc:
+                missing = sorted(set(range(self.index + 1, self.shards)) - set(self.peers))
+                host, port = self.address
+                raise BackendError(
+                    f"shard {self.index} at {host}:{port} heard from no shard of {missing} within "
+                    f"{timeout_s:.0f} s ({exc}): the shards' hosts must reach each other on any TCP port, or use "
+                    "--set engine.ray_rounds=calls"
+                ) from None
         self.listener.close()
         for sock in self.peers.values():
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames are small and awaited

@@ -19,7 +19,7 @@ from emulator.config.typed import from_dict
 from emulator.engine.coordinator import drive
 from emulator.engine.placement import shard_layout
 from emulator.engine.shard import Shard
-from emulator.errors import OutOfMemoryError, ProgramError
+from emulator.errors import BackendError, OutOfMemoryError, ProgramError
 from emulator.summary import export_shard, summarize
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict, run_program
@@ -216,3 +216,18 @@ def test_mesh_listens_on_the_given_host():
     with socket.create_connection(mesh.address, timeout=2):
         pass
     mesh.close()
+
+
+def test_unreachable_peer_is_one_line():
+    """A shard that cannot reach another (a firewall between hosts) says so, naming both and the way out."""
+    closed = Mesh(0, 2, "127.0.0.1")
+    address = closed.address
+    closed.close()  # nobody listens there any more
+    mesh = Mesh(1, 2, "127.0.0.1")
+    with pytest.raises(BackendError, match=r"^shard 1 cannot connect to shard 0 at 127.0.0.1:\d+ .*ray_rounds=calls$"):
+        mesh.connect([address, mesh.address], 2.0)
+    mesh.close()
+    lonely = Mesh(0, 2, "127.0.0.1")
+    with pytest.raises(BackendError, match=r"^shard 0 at 127.0.0.1:\d+ heard from no shard of \[1\] within 0 s"):
+        lonely.connect([lonely.address, None], 0.2)
+    lonely.close()
