@@ -200,8 +200,8 @@ class PeerRounds:
     def run(self, budget_s: float) -> dict:
         """Rounds until the run ends, a shard flags an error, or shard 0's ``budget_s`` is spent.
 
-        Returns ``{"status": done|paused|stopped|peer_lost, "counters": (rounds, cross-shard
-        messages, virtual time, overhead seconds), "peer": the peer lost or None}``;
+        Returns ``{"status": done|paused|stopped|peer_lost, "counters": RoundStats.counters(),
+        "peer": the peer lost or None}``;
         raises this shard's own error when the rounds stopped for it.
         """
         stats = self.rounds.stats
@@ -221,6 +221,7 @@ class PeerRounds:
                     if a_round:
                         stats.rounds += 1
                         stats.overhead_s += now - last - self._busiest
+                        stats.critical_s += self._busiest
                     last = now
                     if flags & PAUSE:
                         status = "paused"
@@ -244,9 +245,8 @@ class PeerRounds:
         return {"status": status, "counters": self.counters(), "peer": peer}
 
     def counters(self) -> tuple:
-        """``(rounds, cross-shard messages, virtual time, overhead seconds)`` so far."""
-        stats = self.rounds.stats
-        return stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, stats.overhead_s
+        """The protocol's counters so far (``RoundStats.counters``)."""
+        return self.rounds.stats.counters()
 
     def _exchange(self, pause: bool) -> int:
         """Send this shard's reply to every peer, take theirs, apply all of them to the state;

@@ -69,44 +69,18 @@ class Budget:
             raise TimeoutError
 
 
-class Probe:
-    # wraps a Ray run's transport: each shard's busy time and the busiest shard's per call (the
-    # driver waits for it), known also when the budget stops the run (no summary then); one max
-    # and a few additions per round, inside what the round protocol counts as overhead
-    def __init__(self, inner):
-        self.inner, self.shards, self.world_size = inner, inner.shards, inner.world_size
-        self.busy, self.critical = [0.0] * inner.shards, 0.0
-
-    def _note(self, replies):
-        most = 0.0
-        for i, reply in replies.items():
-            self.busy[i] += reply[4]
-            most = reply[4] if reply[4] > most else most
-        self.critical += most
-        return replies
-
-    def start(self):
-        return self._note(self.inner.start())
-
-    def step(self, work):
-        return self._note(self.inner.step(work))
-
-    def finish(self):
-        return self.inner.finish()
-
-
-PROBE = {{}}
+STATS = {{}}  # the run's RoundStats: its counters also when the budget stops the run (no summary then)
 run_rounds = coordinator.run_rounds
 
 
-def probed_run_rounds(transport, lookahead_ns, stats, *rest, **options):
-    PROBE.update(stats=stats, probe=Probe(transport))
-    return run_rounds(PROBE["probe"], lookahead_ns, stats, *rest, **options)
+def kept_run_rounds(transport, lookahead_ns, stats, *rest, **options):
+    STATS["stats"] = stats
+    return run_rounds(transport, lookahead_ns, stats, *rest, **options)
 
 
 ray_s = 0.0
 if args["backend"] == "ray":
-    coordinator.run_rounds = probed_run_rounds  # drive() looks it up at each call
+    coordinator.run_rounds = kept_run_rounds  # drive() looks it up at each call
     from actors.backend import connect, import_ray
     ray_start = time.perf_counter()
     connect(import_ray(), args["address"])  # the run reuses this connection
@@ -129,8 +103,9 @@ else:
     try:
         summary = execute(config, backend=args["backend"], shards=args["shards"], address=args["address"],
                           observer=budget)[0]
-    except TimeoutError:
+    except TimeoutError as exc:
         partial = True
+        busy = exc.partial_result.extra["shard_busy_s"] if exc.partial_result is not None else []
         summary = {{"sim_time_s": budget.sim_s, "events": budget.events, "rounds": budget.rounds,
                    "world_size": config.cluster.world_size}}
 wall = time.perf_counter() - start
@@ -139,10 +114,12 @@ row = {{"wall_s": wall, "sim_s": summary["sim_time_s"], "events": summary["event
        "rounds": summary["rounds"], "world": summary["world_size"], "rss_bytes": rss, "partial": partial,
        "cross_shard_messages": summary.get("cross_shard_messages", 0),
        "shard_busy_s": summary.get("shard_busy_s", []), "round_overhead_s": summary.get("round_overhead_s", 0.0)}}
-if "probe" in PROBE:  # Ray: the same figures for a stopped run, and the busiest shard's time per round
-    stats, probe = PROBE["stats"], PROBE["probe"]
+if "stats" in STATS:  # Ray: the same figures for a stopped run, and the busiest shard's time per round
+    stats = STATS["stats"]
     row.update(rounds=stats.rounds, cross_shard_messages=stats.cross_shard_messages, round_overhead_s=stats.overhead_s,
-               shard_busy_s=probe.busy, critical_s=probe.critical)
+               critical_s=stats.critical_s)
+    if partial:
+        row.update(shard_busy_s=busy)
 print(json.dumps(row))
 """
 

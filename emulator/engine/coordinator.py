@@ -86,8 +86,8 @@ class DirectTransport(Transport, Protocol):
 
     def advance(self, budget_s: float, want_stats: bool) -> tuple[bool, tuple, list]:
         """Let the shards run rounds for about ``budget_s`` wall seconds (they stop together, after
-        the same round); returns ``(ended, (rounds, cross-shard messages, virtual time, overhead
-        seconds), live stats per shard or Nones)``. Raises the run's errors in shard order."""
+        the same round); returns ``(ended, RoundStats.counters() of the rounds so far, live stats per
+        shard or Nones)``. Raises the run's errors in shard order."""
 
 
 @dataclass
@@ -100,6 +100,14 @@ class RoundStats:
     # wall seconds of the rounds beyond their busiest shard's work: what the protocol and the
     # transport cost (calls, batches, the driver), per run; / rounds = the overhead of one round
     overhead_s: float = 0.0
+    critical_s: float = 0.0  # the busiest shard's work of each round, summed: what N hosts wait for
+
+    def counters(self) -> tuple:
+        """What a shard that runs rounds itself reports to the driver (``DirectTransport.advance``)."""
+        return self.rounds, self.cross_shard_messages, self.virtual_time_ns, self.overhead_s, self.critical_s
+
+    def take(self, counters: tuple) -> None:
+        self.rounds, self.cross_shard_messages, self.virtual_time_ns, self.overhead_s, self.critical_s = counters
 
 
 def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[tuple[list, float]],
@@ -168,7 +176,7 @@ def salvage(transport: Transport, stats: RoundStats, lost: set[int]):
         exports = [e for e in transport.salvage(lost) if e is not None]
         reached = getattr(transport, "reached", None)  # a DirectTransport's shards kept the counters
         if reached is not None:
-            stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, stats.overhead_s = reached
+            stats.take(reached)
         if not exports:
             return None
         result = merge(transport.world_size, exports, stats.rounds, stats.cross_shard_messages, partial=True)
@@ -249,7 +257,9 @@ def run_rounds(transport: Transport, lookahead_ns: int, stats: RoundStats, obser
             break
         started = time.perf_counter()
         replies = transport.step({i: (horizon, inbound, due) for i, (horizon, inbound) in work.items()})
-        stats.overhead_s += time.perf_counter() - started - max(r[4] for r in replies.values())
+        busiest = max(r[4] for r in replies.values())
+        stats.overhead_s += time.perf_counter() - started - busiest
+        stats.critical_s += busiest
         stats.rounds += 1
         rounds.receive(replies)
         if due:
@@ -270,7 +280,7 @@ def _rounds_in_shards(transport, stats: RoundStats, observer: Observer | None, o
     while True:
         budget_s = observe_every_s if observer is not None else UNOBSERVED_EVERY_S
         done, counters, shard_stats = transport.advance(budget_s, observer is not None)
-        stats.rounds, stats.cross_shard_messages, stats.virtual_time_ns, stats.overhead_s = counters
+        stats.take(counters)
         if done:
             break
         if observer is not None:
