@@ -175,6 +175,7 @@ class Estimator:
         gather_bytes = dpar.zero3_gather_bytes(lc.layer_params_per_rank(shape), t.precision, p.data)
         bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
         reduce_op = dpar.gradient_collective(p.zero_stage)
+        zero3 = dpar.gathers_every_layer(p.zero_stage)
         tied_bytes = pipe.tied_embedding_bytes(config)
         p2p_bytes = pipe.message_bytes(config)
 
@@ -201,7 +202,7 @@ class Estimator:
             layers = pipe.layers_of_stage(config, s)
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
             bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns)
-            gather = self.collective_ns("all_gather", gather_bytes, dp_group) if p.zero_stage >= 3 else 0
+            gather = self.collective_ns("all_gather", gather_bytes, dp_group) if zero3 else 0
             # the data-parallel group inside the tensor group's node: both on the same scale-up ports
             shared = p.tensor > 1 and p.data > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
             if gather:
@@ -246,7 +247,7 @@ class Estimator:
             stage_params = params_on_rank(config, s)
             optimizer = dpar.optimizer_step_segments(stage_params, p.zero_stage, p.data, get_gpu(gpu_name), t.precision)
             tail += sum(seg[2] for seg in optimizer if seg[0] == "c")
-            if p.zero_stage in (1, 2) and p.data > 1:
+            if dpar.gathers_after_step(p.zero_stage) and p.data > 1:
                 tail += self.collective_ns("all_gather", dpar.weight_gather_bytes(stage_params, t.precision), dp_group)
             tails.append(tail)
 

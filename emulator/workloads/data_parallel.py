@@ -63,6 +63,17 @@ def optimizer_step_segments(params: int, zero_stage: int, data: int, spec, preci
     return to_segments(lc.optimizer_step_ops(optimizer_params(params, zero_stage, data), precision), spec, precision)
 
 
+def gathers_every_layer(zero_stage: int) -> bool:
+    """ZeRO-3: each layer's weights are all-gathered before its forward and its backward."""
+    return zero_stage >= 3
+
+
+def gathers_after_step(zero_stage: int) -> bool:
+    """ZeRO 1-2: the updated weights are all-gathered after the optimizer step (ZeRO-3 keeps its
+    shard: the next gathers fetch it)."""
+    return zero_stage in (1, 2)
+
+
 def gradient_collective(zero_stage: int) -> str:
     """How a gradient bucket is reduced: each rank keeps its shard from ZeRO 1 on."""
     return "reduce_scatter" if zero_stage >= 1 else "all_reduce"

@@ -78,7 +78,7 @@ def training_program(config):
 
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
-            if p.zero_stage < 3 or dp_group is None:
+            if not dpar.gathers_every_layer(p.zero_stage) or dp_group is None:
                 for _ in range(layers):
                     yield
                 return
@@ -160,7 +160,7 @@ def training_program(config):
                 embedding = gpu.new_group(layout.embedding_group(rank))
                 gpu.all_reduce(tied_bytes, embedding, stream="dp")
             run_segments(optimizer_segments, "")
-            if p.zero_stage in (1, 2) and dp_group is not None:
+            if dpar.gathers_after_step(p.zero_stage) and dp_group is not None:
                 gpu.all_gather(dpar.weight_gather_bytes(stage_params, t.precision), dp_group, stream="dp")
             gpu.mark_iteration()
 

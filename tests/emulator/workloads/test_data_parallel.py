@@ -4,6 +4,8 @@ import pytest
 
 from emulator.workloads.data_parallel import (
     data_parallel_tail_ns,
+    gathers_after_step,
+    gathers_every_layer,
     gradient_buckets,
     gradient_collective,
     model_state_bytes,
@@ -31,6 +33,8 @@ def test_zero_shards_and_collectives():
     assert gradient_collective(0) == "all_reduce"
     assert {gradient_collective(z) for z in (1, 2, 3)} == {"reduce_scatter"}
     assert zero_stages(1) == (0,) and zero_stages(2) == (0, 1, 2, 3)
+    assert [gathers_every_layer(z) for z in range(4)] == [False, False, False, True]
+    assert [gathers_after_step(z) for z in range(4)] == [False, True, True, False]
 
 
 def test_gradient_buckets_fill_then_flush():
