@@ -22,6 +22,7 @@ from pathlib import Path
 
 from emulator.engine.coordinator import Observer, drive
 from emulator.engine.placement import shard_layout
+from emulator.engine.settings import EngineSettings
 from emulator.errors import BackendError, EmulatorError
 from emulator.summary import RunResult
 
@@ -401,7 +402,7 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
     """Run ``config`` on ``shards`` Ray actors; the same results as ``run_inline``."""
     ray = import_ray()
     connect(ray, address)
-    layout, rank_shard = shard_layout(topo, shards, config)
+    layout, rank_shard = shard_layout(topo, shards, EngineSettings.from_run_config(config))
     pool = ShardPool(ray, place_shards(ray, len(layout), cpus_per_shard))
     try:
         pool.describe()

@@ -26,6 +26,7 @@ import ray
 from actors.peer import Mesh, PeerRounds
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import tune_process
+from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.errors import BackendError
 from emulator.programs import forget_program, resolve_program
@@ -208,8 +209,9 @@ class ShardHost:
             self.program_digests[config.program] = digest
         program, args = resolve_program(config)
         topo = Topology(config.cluster)
-        fold = fold_factor(config, topo)  # resolve_program gave the built-in workload iff config.program is None
-        self.shard = Shard(topo, ranks, rank_shard, index, program, config, args, trace_ranks, fold)
+        settings = EngineSettings.from_run_config(config)  # as the driver built them: the same config
+        fold = fold_factor(settings, topo)  # resolve_program gave the built-in workload iff config.program is None
+        self.shard = Shard(topo, ranks, rank_shard, index, program, settings, args, trace_ranks, fold, config)
         return self.shard.start()
 
     def step(self, horizon: float, inbound: list[bytes], want_stats: bool) -> tuple:

@@ -105,20 +105,21 @@ def _links(cluster) -> int:
 
 def _fold(config) -> int:
     from emulator.engine.folding import fold_factor
+    from emulator.engine.settings import EngineSettings
 
     # fold_factor reads only the node groups of the topology: no need to build one
-    return fold_factor(config, types.SimpleNamespace(groups=config.cluster.groups()))
+    return fold_factor(EngineSettings.from_run_config(config), types.SimpleNamespace(groups=config.cluster.groups()))
 
 
 def _training_ops_and_events(config, fold: int) -> tuple[int, int]:
     """(ops one rank issues over the run, events of the whole run) for the built-in workload."""
     from emulator.hardware.gpus import get_gpu
     from emulator.workloads import layer_costs as lc
-    from emulator.workloads.memory import layers_of_stage
+    from emulator.workloads.pipeline import layers_of_stage, microbatches
     from emulator.workloads.segments import layer_shape, model_segments
 
     p, t = config.parallel, config.training
-    micro = t.global_batch_size // (t.micro_batch_size * p.data)
+    micro = microbatches(config)
     group = config.cluster.groups()[0]
     segs = model_segments(config, get_gpu(group.gpu))
     layers = max(layers_of_stage(config, s) for s in range(p.pipeline))

@@ -4,23 +4,24 @@
 print(estimate(load_config('configs/runs/megatron-22b-8gpu.yaml')))"
 
 The planner (emulator/plan.py) ranks thousands of parallelisations with this estimate and emulates
-only the best few. It reads the same descriptions the emulation runs, so that the two can only
-differ in how events interleave, never in what is computed or sent:
+only the best few. Each parallelism technique is described once, in its module under
+emulator/workloads/, which the emulated program (training.py) runs and this estimate times, so
+that the two can only differ in how events interleave, never in what is computed or sent:
 
 - compute: the fused segments of emulator/workloads/segments.py (the layer op lists of
   layer_costs.py through the roofline of emulator/hardware/compute.py), per GPU type;
-- tensor-parallel collectives: the closed form the engine itself uses for groups inside one node
-  (netmodel/collectives/analytic.py), with Megatron's overlap of the input-gradient reduction as
-  the segments mark it (:func:`segments_time_ns`);
-- data-parallel reduction and ZeRO gathers: a ring over the data-parallel group, one tier per
-  call, with NCCL-style channels across nodes as netmodel/collectives/ring.py builds them
-  (:func:`ring_collective_ns`), bucketed and overlapped with the last microbatch's backward as
-  emulator/workloads/training.py launches them (:func:`data_parallel_tail_ns`);
-- the pipeline: Narayanan et al. 2021 (section 2.2): ``(m*v + p - 1)`` chunk slots for ``m``
-  microbatches, ``p`` stages and ``v`` chunks per stage, i.e. a bubble of ``(p-1)/v`` stage times
-  (:func:`pipeline_ns`), plus the activation sends of the fill and the drain; stages whose layers
-  take different times (uneven ``pipeline_layers``, GPU types) walk the schedule's actions instead
-  (:func:`schedule_walk_ns`);
+- tensor parallelism (emulator/workloads/tensor_parallel.py): each collective timed by the closed
+  form the engine itself uses for groups inside one node (netmodel/collectives/analytic.py), the
+  segments timed as they are launched, with Megatron's overlaps (``segments_time_ns``);
+- data parallelism and ZeRO (emulator/workloads/data_parallel.py): a ring over the data-parallel
+  group, one tier per call, with NCCL-style channels across nodes as netmodel/collectives/ring.py
+  builds them (:func:`ring_collective_ns`), in the gradient buckets the program launches during the
+  last microbatch's backward (``data_parallel_tail_ns``) and ZeRO-3's gathers (``zero3_pass_ns``);
+- the pipeline (emulator/workloads/pipeline.py): Narayanan et al. 2021 (section 2.2), ``(m*v + p -
+  1)`` chunk slots for ``m`` microbatches, ``p`` stages and ``v`` chunks per stage
+  (``pipeline_ns``), plus the activation sends of the fill and the drain; stages whose layers take
+  different times (uneven ``pipeline_layers``, GPU types) walk the schedule's actions instead
+  (``schedule_walk_ns``);
 - every stage on its own GPU type and its own tensor group's links (heterogeneous clusters);
 - memory: emulator/workloads/memory.py, the model the emulation allocates by.
 
@@ -28,7 +29,7 @@ What it leaves out (where the emulation can differ): contention between concurre
 link (pipeline sends against data-parallel rings, tensor-parallel collectives against ZeRO gathers
 on the same NVLink ports), non-ring algorithms set per tier (timed as rings here), and the
 interleaving of the pipeline's drain with the data-parallel buckets beyond the model of
-:func:`data_parallel_tail_ns`.
+``data_parallel_tail_ns``.
 """
 
 from __future__ import annotations
@@ -36,20 +37,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
+from emulator.workloads import data_parallel as dpar
 from emulator.workloads import layer_costs as lc
+from emulator.workloads import pipeline as pipe
+from emulator.workloads.data_parallel import data_parallel_tail_ns, zero3_pass_ns
 from emulator.workloads.layout import layout_of
-from emulator.workloads.memory import gpu_type_of_rank, layers_of_stage, params_on_rank, stage_memory
+from emulator.workloads.memory import gpu_type_of_rank, params_on_rank, stage_memory
 from emulator.workloads.metrics import model_flops_per_iteration
+from emulator.workloads.pipeline import pipeline_ns, schedule_walk_ns
 from emulator.workloads.schedules import schedule_for
-from emulator.workloads.segments import BYTES_PER_ELEMENT, layer_shape, model_segments, to_segments
+from emulator.workloads.segments import layer_shape, model_segments
+from emulator.workloads.tensor_parallel import collective_lead_ns, segments_time_ns
 from netmodel.collectives.analytic import closed_form
 from netmodel.collectives.base import CollectiveCall, ceil_div
 from netmodel.collectives.ring import MAX_CHANNELS
 from netmodel.topology import Topology
 
-MiB = 1 << 20
-# the schedule walk (:func:`schedule_walk_ns`) visits every action: ~1 us each; past this many a
-# candidate takes the closed form of :func:`pipeline_ns` instead, to keep plans of large runs fast
+# the schedule walk (pipeline.schedule_walk_ns) visits every action: ~1 us each; past this many a
+# candidate takes the closed form of pipeline.pipeline_ns instead, to keep plans of large runs fast
 WALK_MAX_ACTIONS = 20_000
 
 
@@ -64,32 +69,6 @@ class Estimate:
     peak_memory_bytes: int  # largest stage peak (emulator/workloads/memory.py)
     fits: bool  # every stage's peak within its GPUs' memory
     mfu: float
-
-
-def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
-    """(elapsed, compute) ns of one pass over fused segments on the compute stream.
-
-    Mirrors emulator/workloads/training.launch_segments: a compute segment runs for its duration; a
-    collective (``collective_ns(op, size_bytes)``) is waited for at once, unless it is marked
-    overlapped, then it runs beside the next compute segment and the ``"w"`` segment waits for it.
-    """
-    now = compute = 0
-    pending_end = None
-    for seg in segments:
-        kind = seg[0]
-        if kind == "c":
-            now += seg[2]
-            compute += seg[2]
-        elif kind == "m":
-            duration = collective_ns(seg[2], seg[3])
-            if seg[4]:
-                pending_end = now + duration  # launched after the compute before it
-            else:
-                now += duration
-        elif pending_end is not None:
-            now = max(now, pending_end)
-            pending_end = None
-    return now, compute
 
 
 def ring_collective_ns(topo: Topology, op: str, size_bytes: int, ranks: tuple[int, ...]) -> int:
@@ -133,138 +112,6 @@ def p2p_ns(topo: Topology, src: int, dst: int, size_bytes: int) -> int:
     """One uncontended message: ``latency + size / (bandwidth * efficiency)`` on its route."""
     route = topo.route(src, dst)
     return int(route.latency_ns + size_bytes / min(route.up_bw, route.down_bw))
-
-
-def pipeline_ns(chunk_ns_by_stage: list[int], micro: int, chunks: int) -> int:
-    """Fill, steady state and drain of 1F1B / GPipe / interleaved 1F1B, without communication.
-
-    Narayanan et al. 2021 (section 2.2): with ``m`` microbatches of ``p`` equal stages of ``v``
-    chunks each taking ``c`` (forward + backward), an iteration lasts ``(m*v + p - 1) * c``, a
-    bubble of ``(p-1)/v`` stage times. With unequal stages the first microbatch still crosses every
-    stage once and the others follow at the pace of the slowest: ``(m*v - 1) * max(c_s) + sum(c_s)``,
-    which is the formula above for equal stages.
-    """
-    return (micro * chunks - 1) * max(chunk_ns_by_stage) + sum(chunk_ns_by_stage)
-
-
-def schedule_walk_ns(forward_ns: list[list[int]], backward_ns: list[list[int]], hop_ns: list[int], micro: int,
-                     schedule) -> list[int]:  # fmt: skip
-    """When each stage ends its last action, walking the schedule's actions in order (no events).
-
-    ``forward_ns[s][c]`` / ``backward_ns[s][c]``: one microbatch through chunk ``c`` of stage ``s``;
-    ``hop_ns[s]``: a message from stage ``s`` to ``s + 1`` (the last entry: last stage to stage 0,
-    the interleaved wrap-around); ``schedule``: a function of emulator/workloads/schedules.py.
-
-    :func:`pipeline_ns` is exact for equal stages only: with unequal ones (uneven
-    ``pipeline_layers``, stages on different GPU types) the fill, the steady state and the drain
-    are paced by different stages, and 1F1B's alternation lets a fast stage idle between a slow
-    neighbour's forwards and backwards. Here every stage runs its action list as
-    emulator/workloads/training.py does: an action starts when the stage is free and its input
-    has arrived (the neighbour's action ended, then the send queued behind that stage's earlier
-    sends in the same direction and took its hop).
-    """
-    stages, chunks = len(forward_ns), len(forward_ns[0])
-    plans = [schedule(s, stages, micro, chunks) for s in range(stages)]
-    arrival = [-1] * (2 * stages * chunks * micro)  # input ready, by (direction, stage, chunk, microbatch)
-
-    def slot(forward: bool, stage: int, chunk: int, mb: int) -> int:
-        return ((forward * stages + stage) * chunks + chunk) * micro + mb
-
-    position, now = [0] * stages, [0] * stages
-    send_free = [[0, 0] for _ in range(stages)]  # per stage: the backward and the forward send stream
-    progress = True
-    while progress:
-        progress = False
-        for s in range(stages):
-            actions, i, t = plans[s], position[s], now[s]
-            while i < len(actions):
-                forward, mb, c = actions[i]
-                first, final = s == 0 and c == 0, s == stages - 1 and c == chunks - 1
-                # a forward takes its input from the stage before and sends on; a backward the reverse
-                receives, sends = (not first, not final) if forward else (not final, not first)
-                ready = arrival[slot(forward, s, c, mb)] if receives else 0
-                if ready < 0:
-                    break  # waits for a neighbour not walked this far yet
-                t = max(t, ready) + (forward_ns[s][c] if forward else backward_ns[s][c])
-                if sends and forward:
-                    dst, dst_c, hop = (s + 1, c, hop_ns[s]) if s < stages - 1 else (0, c + 1, hop_ns[-1])
-                elif sends:
-                    dst, dst_c, hop = (s - 1, c, hop_ns[s - 1]) if s > 0 else (stages - 1, c - 1, hop_ns[-1])
-                if sends:
-                    send_free[s][forward] = max(send_free[s][forward], t) + hop
-                    arrival[slot(forward, dst, dst_c, mb)] = send_free[s][forward]
-                i += 1
-                progress = True
-            position[s], now[s] = i, t
-    assert all(position[s] == len(plans[s]) for s in range(stages)), "the schedule deadlocks"
-    return now
-
-
-def data_parallel_tail_ns(layer_backward_ns: int, layers: int, chunk_backward_ns: int, chunks: int, stages: int,
-                          grad_bytes_per_layer: int, bucket_bytes: int, bucket_ns,
-                          shared_ports: bool = False) -> int:  # fmt: skip
-    """Gradient reduction still running when a stage's last backward ends (exposed, in ns).
-
-    emulator/workloads/training.py reduces gradients during each chunk's backward of the last
-    microbatch: a bucket (``bucket_ns(size)``) is launched on the ``dp`` stream (one at a time) as
-    soon as a layer's gradients fill it, the rest at the end of the chunk. Chunk ``c``'s last
-    backward ends ``c * stages`` backward slots before the stage's last one (interleaved 1F1B drains
-    chunk by chunk); the tail is what the ``dp`` stream has left when the last backward ends.
-
-    ``shared_ports``: the data-parallel group sits inside the node of the tensor-parallel group, so
-    both use the same scale-up ports, which the engine reserves for a whole closed-form collective:
-    a bucket then holds back the backward's next tensor-parallel collective, and the backward
-    stretches by the bucket instead of hiding it.
-    """
-    end = chunks * stages * chunk_backward_ns  # a time origin before every chunk's last backward
-    dp_free = 0
-    for chunk in reversed(range(chunks)):
-        start = end - chunk * stages * chunk_backward_ns - chunk_backward_ns
-        t, accumulated = start, 0
-        for _ in range(layers):
-            t += layer_backward_ns
-            accumulated += grad_bytes_per_layer
-            if accumulated >= bucket_bytes:
-                dp_free = max(dp_free, t) + bucket_ns(accumulated)
-                if shared_ports:
-                    t = dp_free
-                accumulated = 0
-        if accumulated:
-            dp_free = max(dp_free, start + chunk_backward_ns) + bucket_ns(accumulated)
-    return max(0, dp_free - end)
-
-
-def zero3_pass_ns(layer_ns: int, gather_ns: int, layers: int, shared_lead_ns: int | None = None,
-                  tp_ns: int = 0) -> int:  # fmt: skip
-    """Layers whose weights ZeRO-3 all-gathers one layer ahead (training.zero3_gathers): the first
-    gather is exposed, then each layer takes the longer of its compute and the next gather.
-
-    ``shared_lead_ns`` (None: the gathers use other links than the tensor-parallel collectives):
-    the data-parallel group shares the tensor group's scale-up ports, which a closed-form collective
-    holds for its whole duration. The next layer's gather starts with the layer, so the layer's
-    first tensor-parallel collective, ``shared_lead_ns`` of compute in, waits for what is left of
-    it; and the ports carry the gather and the layer's ``tp_ns`` of collectives one after the other.
-    """
-    if layers == 0:
-        return 0
-    if shared_lead_ns is None:
-        period = max(layer_ns, gather_ns)
-    else:
-        period = max(layer_ns + max(0, gather_ns - shared_lead_ns), gather_ns + tp_ns)
-    return gather_ns + (layers - 1) * period + layer_ns
-
-
-def collective_lead_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
-    """(compute before the first collective, summed durations of the collectives) of fused segments;
-    ``collective_ns(op, size_bytes)`` times a collective."""
-    lead, first, total = 0, True, 0
-    for seg in segments:
-        if seg[0] == "c" and first:
-            lead += seg[2]
-        elif seg[0] == "m":
-            first = False
-            total += collective_ns(seg[2], seg[3])
-    return lead, total
 
 
 class Estimator:
@@ -319,16 +166,18 @@ class Estimator:
 
     def estimate(self, config) -> Estimate:
         """The estimated iteration of a validated RunConfig with a model (see the module docstring)."""
-        p, t, m = config.parallel, config.training, config.model
+        p, t = config.parallel, config.training
         layout = layout_of(config)
         stages, chunks = p.pipeline, p.virtual_stages
-        micro = t.global_batch_size // (t.micro_batch_size * p.data)
-        elem = BYTES_PER_ELEMENT[t.precision]
+        micro = pipe.microbatches(config)
         shape = layer_shape(config)
-        grad_bytes = lc.layer_params_per_rank(shape) * (2 if t.precision == "fp16" else 4)
-        weight_bytes = lc.layer_params_per_rank(shape) * (4 if t.precision == "fp32" else 2)
-        bucket_bytes = int(p.bucket_size_mb * MiB)
-        p2p_bytes = t.micro_batch_size * t.seq_length * m.hidden_size * elem // p.tensor
+        grad_bytes = lc.layer_params_per_rank(shape) * dpar.grad_bytes_per_param(t.precision)
+        gather_bytes = dpar.zero3_gather_bytes(lc.layer_params_per_rank(shape), t.precision, p.data)
+        bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
+        reduce_op = dpar.gradient_collective(p.zero_stage)
+        zero3 = dpar.gathers_every_layer(p.zero_stage)
+        tied_bytes = pipe.tied_embedding_bytes(config)
+        p2p_bytes = pipe.message_bytes(config)
 
         chunk_ns: list[int] = []  # forward + backward of one microbatch through one chunk, per stage
         forward_ns: list[list[int]] = []  # per stage and chunk: one microbatch's forward
@@ -350,10 +199,10 @@ class Estimator:
                 return self.collective_ns(op, size_bytes, tp_group)
 
             dp_group = layout.data_group(first_rank)
-            layers = layers_of_stage(config, s)
+            layers = pipe.layers_of_stage(config, s)
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
             bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns)
-            gather = self.collective_ns("all_gather", weight_bytes * p.data, dp_group) if p.zero_stage >= 3 else 0
+            gather = self.collective_ns("all_gather", gather_bytes, dp_group) if zero3 else 0
             # the data-parallel group inside the tensor group's node: both on the same scale-up ports
             shared = p.tensor > 1 and p.data > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
             if gather:
@@ -386,21 +235,20 @@ class Estimator:
             exposed_ns.append((per_micro - stage_c - extra_c) * micro)
 
             def bucket_ns(size: int, dp_group=dp_group) -> int:
-                return self.collective_ns("reduce_scatter" if p.zero_stage >= 1 else "all_reduce", size, dp_group)
+                return self.collective_ns(reduce_op, size, dp_group)
 
             tail = 0
             if p.data > 1:
                 layer_bwd = max(bwd, gather) if gather else bwd
                 tail += data_parallel_tail_ns(layer_bwd, layers, stage_bwd, chunks, stages, grad_bytes,
                                               bucket_bytes, bucket_ns, shared)  # fmt: skip
-            if stages > 1 and m.tie_embeddings and s in (0, stages - 1):
-                vocab_bytes = -(-m.vocab_size // p.tensor) * m.hidden_size * 4
-                tail += self.collective_ns("all_reduce", vocab_bytes, layout.embedding_group(first_rank))
-            shard = params_on_rank(config, s) // (p.data if p.zero_stage >= 1 else 1)
-            optimizer = to_segments(lc.optimizer_step_ops(shard, t.precision), get_gpu(gpu_name), t.precision)
+            if tied_bytes and s in (0, stages - 1):
+                tail += self.collective_ns("all_reduce", tied_bytes, layout.embedding_group(first_rank))
+            stage_params = params_on_rank(config, s)
+            optimizer = dpar.optimizer_step_segments(stage_params, p.zero_stage, p.data, get_gpu(gpu_name), t.precision)
             tail += sum(seg[2] for seg in optimizer if seg[0] == "c")
-            if p.zero_stage in (1, 2) and p.data > 1:
-                tail += self.collective_ns("all_gather", params_on_rank(config, s) * elem, dp_group)
+            if dpar.gathers_after_step(p.zero_stage) and p.data > 1:
+                tail += self.collective_ns("all_gather", dpar.weight_gather_bytes(stage_params, t.precision), dp_group)
             tails.append(tail)
 
         # a message from each stage to the next; the last: to stage 0 (interleaved wrap-around)

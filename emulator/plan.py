@@ -48,7 +48,6 @@ MAX_VIRTUAL_STAGES = 8
 # wall seconds the emulations of one plan may take (batches stop starting past it): large runs take
 # minutes per emulation (1024 GPUs: ~8 min here), and a plan is meant to answer within ~15 minutes
 DEFAULT_MAX_WALL_S = 600.0
-RECOMPUTE = ("none", "selective", "full")
 # the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
 KNOBS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
          "parallel.pipeline_layers", "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage",
@@ -165,7 +164,11 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
     :class:`~emulator.estimate.Estimator` of the cluster; built when not given).
     """
     from emulator.config.schema import ParallelConfig, RunConfig
+    from emulator.workloads.data_parallel import zero_stages
+    from emulator.workloads.layer_costs import RECOMPUTE_MODES
+    from emulator.workloads.schedules import schedule_names
     from emulator.workloads.segments import layer_shape
+    from emulator.workloads.tensor_parallel import sequence_parallel_options
 
     if base.model is None:
         raise ConfigError("plan: the run file needs a 'model' (the planner searches the built-in training workload)")
@@ -191,9 +194,10 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
         for v, mbs in itertools.product(chunks, MICRO_BATCH_SIZES):
             if t.global_batch_size % (mbs * dp):
                 continue
-            schedules = ["interleaved-1f1b"] if v > 1 else (["1f1b", "gpipe"] if pp > 1 else ["1f1b"])
+            # each technique's own axis: the schedules a layout can run, sequence parallelism where
+            # there is a tensor group, the ZeRO stages where there is a data-parallel one
             for schedule, sp, recompute, zero in itertools.product(
-                schedules, [False, True] if tp > 1 else [False], RECOMPUTE, range(4) if dp > 1 else [0]
+                schedule_names(pp, v), sequence_parallel_options(tp), RECOMPUTE_MODES, zero_stages(dp)
             ):
                 if tried >= limit:
                     return candidates, tried, True

@@ -53,7 +53,7 @@ def iteration_s(config) -> float:
 def layer_times_ms(recompute: str, sequence_parallel: bool) -> tuple[float, float]:
     """Forward and backward of one 22B layer on 8 A100s, measured by the engine itself."""
     from emulator.workloads.segments import model_segments
-    from emulator.workloads.training import launch_segments
+    from emulator.workloads.tensor_parallel import launch_segments
 
     config = table5_config(TABLE5[0], recompute, sequence_parallel)
     marks: dict[int, tuple[int, int, int]] = {}

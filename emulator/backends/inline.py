@@ -7,6 +7,7 @@ from emulator.engine.coordinator import Observer, drive
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import relaxed_gc
 from emulator.engine.placement import shard_layout
+from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.programs import resolve_program
 from emulator.summary import RunResult, export_shard
@@ -46,9 +47,10 @@ def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, 
     program_is_workload = program is None
     if program is None:
         program, args = resolve_program(config)
-    layout, rank_shard = shard_layout(topo, shards, config)
-    fold = fold_factor(config, topo) if program_is_workload else 1
+    settings = EngineSettings.from_run_config(config)
+    layout, rank_shard = shard_layout(topo, shards, settings)
+    fold = fold_factor(settings, topo) if program_is_workload else 1
     with relaxed_gc():
-        objs = [Shard(topo, ranks, rank_shard, i, program, config, args, trace_ranks, fold)
+        objs = [Shard(topo, ranks, rank_shard, i, program, settings, args, trace_ranks, fold, config)
                 for i, ranks in enumerate(layout)]  # fmt: skip
         return drive(InlineTransport(objs, topo.world_size), topo.min_cross_node_latency_ns(), observer)

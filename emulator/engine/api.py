@@ -59,6 +59,8 @@ class GPU:
     """Handle a program receives: identity of the rank plus the launch calls."""
 
     def __init__(self, shard, vgpu, args: dict[str, Any], config: Any):
+        """``config``: the run config, for the program (``gpu.config``); the engine reads
+        ``shard.settings`` instead."""
         self._shard = shard
         self._gpu = vgpu
         topo = shard.topo
@@ -71,7 +73,7 @@ class GPU:
         self.spec = vgpu.spec
         self.args = args
         self.config = config
-        self.precision: str = getattr(getattr(config, "training", None), "precision", "bf16")
+        self.precision: str = shard.settings.precision
         self.world: Group = shard.world_group()
 
     # -- groups ------------------------------------------------------------------------------

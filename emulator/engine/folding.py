@@ -23,16 +23,16 @@ import re
 from emulator.faults import breaks_symmetry
 
 
-def fold_factor(config, topo) -> int:
-    """How many ranks one virtual GPU stands for in this run (1: no folding)."""
-    engine = getattr(config, "engine", None)
-    if engine is None or not getattr(engine, "fold_tensor_groups", False) or engine.fast_collectives == "none":
+def fold_factor(settings, topo) -> int:
+    """How many ranks one virtual GPU stands for in a run of ``settings`` (EngineSettings; 1: no
+    folding). ``topo`` needs only its node ``groups``."""
+    if not settings.fold_tensor_groups or not settings.fast_collectives:
         return 1
-    if config.model is None or config.program is not None:
+    if not settings.builtin_workload:
         return 1  # only the built-in workload is symmetric by construction
-    if breaks_symmetry(config):
+    if breaks_symmetry(settings):  # reads settings.faults
         return 1  # the results must stay exact: a folded group would copy its representative's
-    tensor = config.parallel.tensor
+    tensor = settings.tensor
     if tensor < 2:
         return 1
     for group in topo.groups:

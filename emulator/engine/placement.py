@@ -29,14 +29,14 @@ def balanced_split(weights: list[int], parts: int) -> list[list[int]]:
     return groups
 
 
-def stage_units(topo, config) -> list[list[int]]:
+def stage_units(topo, settings) -> list[list[int]]:
     """Runs of consecutive nodes that no pipeline-stage boundary separates (one run per node
-    without a model). A node holding ranks of two stages joins them into one unit."""
+    without the built-in workload, or ``settings`` None). A node holding ranks of two stages joins
+    them into one unit."""
     nodes = list(range(topo.num_nodes))
-    model = getattr(config, "model", None) if config is not None else None
-    if model is None or getattr(config, "program", None) is not None or config.parallel.pipeline < 2:
+    if settings is None or not settings.builtin_workload or settings.pipeline < 2:
         return [[n] for n in nodes]
-    per_stage = config.parallel.tensor * config.parallel.data  # Megatron order: stages are blocks of ranks
+    per_stage = settings.tensor * settings.data  # Megatron order: stages are blocks of ranks
     units: list[list[int]] = []
     for n in nodes:
         first = topo.node_first_rank[n]
@@ -47,9 +47,10 @@ def stage_units(topo, config) -> list[list[int]]:
     return units
 
 
-def shard_layout(topo, shards: int, config=None) -> tuple[list[list[int]], list[int]]:
-    """Ranks of each shard (whole nodes) and the shard of each rank."""
-    units = stage_units(topo, config)
+def shard_layout(topo, shards: int, settings=None) -> tuple[list[list[int]], list[int]]:
+    """Ranks of each shard (whole nodes) and the shard of each rank; ``settings``: the run's
+    EngineSettings (emulator/engine/settings.py), None to cut along nodes only."""
+    units = stage_units(topo, settings)
     if len(units) < min(shards, topo.num_nodes):
         units = [[n] for n in range(topo.num_nodes)]  # more shards than stages: cut inside stages
     weights = [sum(topo.node_gpus[n] for n in unit) for unit in units]

@@ -33,6 +33,7 @@ from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
 from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
+from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
@@ -46,7 +47,10 @@ from netmodel.collectives.analytic import ANALYTIC
 class Shard(CollectiveExecution):
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
-    def __init__(self, topo, ranks, rank_shard, index, program, config, program_args=None, trace_ranks=(), fold=1):
+    def __init__(self, topo, ranks, rank_shard, index, program, settings: EngineSettings, program_args=None,
+                 trace_ranks=(), fold=1, run_config=None):  # fmt: skip
+        """``settings``: what the engine needs of the run (emulator/engine/settings.py);
+        ``run_config``: handed to the programs as ``gpu.config``, never read here."""
         self.topo = topo
         # symmetry folding (emulator/engine/folding.py): host only each tensor group's representative
         self.fold = fold
@@ -56,27 +60,27 @@ class Shard(CollectiveExecution):
         self.index = index
         self.rank_shard = rank_shard
         self.shards = max(rank_shard) + 1  # shards of the run (bounds are needed when there are several)
-        self.config = config
-        self.max_ahead = getattr(getattr(config, "engine", None), "max_ops_ahead", 256)
+        self.settings = settings
+        self.run_config = run_config
+        self.max_ahead = settings.max_ops_ahead
         self.heap: list = []
-        engine = getattr(config, "engine", None)
-        self.stats = ShardStats(topo, int(getattr(engine, "timeline_bucket_us", 1000) * 1000))
+        self.stats = ShardStats(topo, settings.timeline_bucket_ns)
         # message-level collectives run in the compiled core (netcore.py) unless the reference
         # Python path is asked for; both share the link state and the per-sender message counters
         self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
         # a node or link failure (emulator/faults.py) is honoured on the Python path only: the
         # compiled core keeps no failure state (both give the same results, the Python path slower)
-        self.failures = Failures.for_faults(getattr(config, "faults", None), topo)
+        self.failures = Failures.for_faults(settings.faults, topo)
         self.fail_from_ns = self.failures.first_ns if self.failures is not None else INF
-        self.compiled = getattr(engine, "collective_engine", "compiled") == "compiled" and self.failures is None
+        self.compiled = settings.collective_engine == "compiled" and self.failures is None
         self.link_free = self.core.lfree_py
         self.mseq = self.core.mseq_py
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
         self.group_ports: dict[tuple, tuple] = {}  # one-node group -> its ports (fast path)
         self.closed_plans: dict[int, tuple] = {}  # id(call) -> its closed-form plan (fast path)
-        self.fast_collectives = getattr(getattr(config, "engine", None), "fast_collectives", "none") != "none"
+        self.fast_collectives = settings.fast_collectives
         self.groups: dict[tuple, Group] = {}
         self.range_groups: dict[range, Group] = {}  # new_group(range(...)) -> its group
         self._world: Group | None = None
@@ -96,7 +100,7 @@ class Shard(CollectiveExecution):
         self.program = program
         self.program_args = program_args if program_args is not None else {}
         # slow GPUs and jitter of the hosted ranks (emulator/faults.py); None: every kernel nominal
-        self.compute_faults = ComputeFaults.for_config(config, topo, self.gpus)
+        self.compute_faults = ComputeFaults.for_config(settings, topo, self.gpus)  # reads settings.faults
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
 
     # -- programs ------------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class Shard(CollectiveExecution):
         started = time.perf_counter()
         for rank in sorted(self.gpus):
             gpu = self.gpus[rank]
-            api = GPU(self, gpu, self.program_args, self.config)
+            api = GPU(self, gpu, self.program_args, self.run_config)
             gpu.greenlet = greenlet(self._program_main)
             self._switch(gpu, api)
         return self._reply(started, self._take_outbox())
@@ -586,8 +590,7 @@ class Shard(CollectiveExecution):
         topo, stats, core = self.topo, self.stats, self.core
         stats.flush()
         gpus = list(self.gpus.values())
-        config = self.config
-        stages = max(1, config.parallel.pipeline) if getattr(config, "model", None) is not None else 1
+        stages = self.settings.pipeline
         stage_size = max(1, topo.world_size // stages)
         ranks, compute, comm, idle, peak, used = ([0] * stages for _ in range(6))
         used_ratio = [0.0] * stages

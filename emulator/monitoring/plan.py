@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
-from emulator.workloads import layer_costs as lc
-from emulator.workloads.memory import layers_of_stage, params_on_rank
+from emulator.workloads.data_parallel import optimizer_step_segments
+from emulator.workloads.memory import params_on_rank
 from emulator.workloads.metrics import model_flops_per_iteration
-from emulator.workloads.segments import model_segments, to_segments
+from emulator.workloads.pipeline import layers_of_stage, microbatches
+from emulator.workloads.segments import model_segments
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def work_plan(config, topo) -> WorkPlan | None:
     if getattr(config, "model", None) is None:
         return None
     p, t = config.parallel, config.training
-    micro = t.global_batch_size // (t.micro_batch_size * p.data)
+    micro = microbatches(config)
     stage_size = topo.world_size // p.pipeline
     per_rank: dict[tuple[int, str], int] = {}
     stage_ns = [0] * p.pipeline
@@ -71,8 +72,7 @@ def _rank_compute_ns(config, stage: int, spec, micro: int) -> int:
             forward += _ns(segs.logits_forward)
             backward += _ns(segs.logits_backward)
         total += micro * (forward + backward)
-    params = params_on_rank(config, stage) // (p.data if p.zero_stage >= 1 else 1)
-    return total + _ns(to_segments(lc.optimizer_step_ops(params, t.precision), spec, t.precision))
+    return total + _ns(optimizer_step_segments(params_on_rank(config, stage), p.zero_stage, p.data, spec, t.precision))
 
 
 def _ns(segments: list[tuple]) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from emulator.errors import ConfigError
+from emulator.workloads import tensor_parallel as tp
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
@@ -122,12 +123,9 @@ def _dims(shape: LayerShape) -> tuple[int, int, int, int, int, int]:
 
 
 def _tp_comm(shape: LayerShape, name: str, sp_collective: str) -> list[Op]:
-    """The collective at a TP boundary: all-reduce (no SP) or ``sp_collective``; none when t == 1."""
-    t = shape.tensor_parallel
-    if t == 1:
-        return []
-    size = shape.micro_batch_size * shape.seq_length * shape.hidden_size * shape.bytes_per_element
-    return [_comm(name, sp_collective if shape.sequence_parallel else "all_reduce", size)]
+    """The collective at a TP boundary (tensor_parallel.boundary_collective); none when t == 1."""
+    found = tp.boundary_collective(shape, sp_collective)
+    return [_comm(name, *found)] if found is not None else []
 
 
 def _core_attention_forward(shape: LayerShape, prefix: str = "") -> list[Op]:
@@ -258,7 +256,7 @@ def embedding_and_logits_ops(shape: LayerShape, vocab_size: int) -> EmbeddingAnd
         raise ConfigError(f"vocab_size must be >= 1, got {vocab_size}")
     n, n_rep, h, _, _, e = _dims(shape)
     t = shape.tensor_parallel
-    v = -(-vocab_size // t)  # vocabulary rows on this rank
+    v = tp.vocab_rows(vocab_size, t)  # vocabulary rows on this rank
     sp = shape.sequence_parallel
     # Lookup: read the gathered rows, write the (masked, partial) b*s*h output; then the sum over
     # ranks, position-embedding add and embedding dropout on this rank's tokens.
@@ -291,9 +289,9 @@ def embedding_and_logits_ops(shape: LayerShape, vocab_size: int) -> EmbeddingAnd
 
 
 def _loss_all_reduces(shape: LayerShape, what: tuple[str, ...]) -> list[Op]:
-    if shape.tensor_parallel == 1:
+    size = tp.loss_reduce_bytes(shape)
+    if size is None:
         return []
-    size = 4 * shape.micro_batch_size * shape.seq_length  # one fp32 value per token
     return [_comm(f"cross_entropy.{w}.all_reduce", "all_reduce", size) for w in what]
 
 

@@ -2,11 +2,10 @@
 
     emulator check configs/runs/gpt3-175b-1024gpu.yaml     # prints this report per stage
 
-Mixed-precision Adam as in Megatron-LM / ZeRO (Rajbhandari et al. 2020): 16-bit weights (2 B per
-parameter), fp32 main gradients (4 B; 2 B for fp16), and fp32 master weights + Adam m and v
-(12 B). ZeRO stage 1 partitions the optimizer states over the data-parallel group, stage 2 the
-gradients too, stage 3 the weights too. Activations per layer follow Korthikanti et al. 2022,
-Table 2 (16-bit activations), times the microbatches a schedule keeps in flight.
+The figures of each technique come from its module: the model states per parameter and their ZeRO
+partitioning from data_parallel.py (Rajbhandari et al. 2020), the activations per layer and tensor
+rank from tensor_parallel.py (Korthikanti et al. 2022, Table 2), the microbatches a schedule keeps
+in flight and the layers of each stage from pipeline.py. This module adds them up per stage.
 """
 
 from __future__ import annotations
@@ -15,41 +14,13 @@ from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads import layer_costs as lc
+from emulator.workloads.data_parallel import model_state_bytes
 from emulator.workloads.layout import layout_of
-from emulator.workloads.schedules import gpipe, interleaved_one_f_one_b, schedule_for
+from emulator.workloads.pipeline import in_flight, layers_of_stage
 from emulator.workloads.segments import layer_shape
+from emulator.workloads.tensor_parallel import activation_bytes_per_layer, vocab_rows
 
 GiB = 2**30
-
-
-def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
-    """Korthikanti et al. 2022, Table 2 (``s*b*h*(...)`` bytes for 16-bit activations), for the
-    config's recomputation or the one given."""
-    m, p, t = config.model, config.parallel, config.training
-    recompute = recompute or t.recompute
-    s, b, h, a, tp = t.seq_length, t.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tensor
-    sp = p.sequence_parallel and tp > 1
-    sbh = s * b * h
-    if recompute == "full":
-        value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
-    elif recompute == "selective":
-        value = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
-    elif tp == 1:
-        value = sbh * (34 + 5 * a * s / h)
-    elif sp:
-        value = sbh * (34 / tp + 5 * a * s / (h * tp))
-    else:
-        value = sbh * (10 + 24 / tp + 5 * a * s / (h * tp))
-    scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations
-    return int(value * scale)
-
-
-def layers_of_stage(config, stage: int) -> int:
-    """Layers per model chunk on pipeline stage ``stage``."""
-    p = config.parallel
-    if p.pipeline_layers is not None:
-        return p.pipeline_layers[stage]
-    return config.model.num_layers // (p.pipeline * p.virtual_stages)
 
 
 def params_on_rank(config, stage: int) -> int:
@@ -57,7 +28,7 @@ def params_on_rank(config, stage: int) -> int:
     m, p = config.model, config.parallel
     shape = layer_shape(config)
     count = layers_of_stage(config, stage) * p.virtual_stages * lc.layer_params_per_rank(shape)
-    vocab = -(-m.vocab_size // p.tensor) * m.hidden_size
+    vocab = vocab_rows(m.vocab_size, p.tensor) * m.hidden_size
     if stage == 0:
         count += vocab + (config.training.seq_length * m.hidden_size if m.position_embedding == "learned" else 0)
     if stage == p.pipeline - 1 and (p.pipeline > 1 or not m.tie_embeddings):
@@ -68,7 +39,7 @@ def params_on_rank(config, stage: int) -> int:
 def logits_bytes(config) -> int:
     """fp32 logits of one microbatch on the last stage (Megatron keeps them for the loss)."""
     t = config.training
-    return 4 * t.micro_batch_size * t.seq_length * -(-config.model.vocab_size // config.parallel.tensor)
+    return 4 * t.micro_batch_size * t.seq_length * vocab_rows(config.model.vocab_size, config.parallel.tensor)
 
 
 @dataclass
@@ -94,16 +65,9 @@ class StageMemory:
 
 
 def static_bytes(config, stage: int) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer states) bytes on one rank of ``stage``."""
-    precision, zero, dp = config.training.precision, config.parallel.zero_stage, config.parallel.data
-    n = params_on_rank(config, stage)
-    weight_b = 4 if precision == "fp32" else 2
-    grad_b = 2 if precision == "fp16" else 4
-    opt_b = 8 if precision == "fp32" else 12
-    weights = n * weight_b // (dp if zero >= 3 else 1)
-    grads = n * grad_b // (dp if zero >= 2 else 1)
-    optimizer = n * opt_b // (dp if zero >= 1 else 1)
-    return weights, grads, optimizer
+    """(weights, gradients, optimizer states) bytes on one rank of ``stage`` (data_parallel.py)."""
+    p = config.parallel
+    return model_state_bytes(params_on_rank(config, stage), config.training.precision, p.zero_stage, p.data)
 
 
 def gpu_type_of_rank(cluster, rank: int) -> str:
@@ -114,30 +78,6 @@ def gpu_type_of_rank(cluster, rank: int) -> str:
             return group.gpu
         rank -= size
     return "?"
-
-
-def in_flight(config, stage: int) -> tuple[int, int]:
-    """(model chunks, last-chunk microbatches) whose activations stage ``stage`` holds at its peak.
-
-    Closed forms of the schedules in emulator/workloads/schedules.py (tests/emulator/test_limits.py
-    checks them against walking the schedules), so that ``emulator check`` costs the same for 10
-    microbatches as for 65,536: GPipe holds every microbatch; 1F1B and interleaved 1F1B hold their
-    warm-up forwards plus one. The second figure counts the chunks that also hold fp32 logits on
-    the last stage: all of them under GPipe (or when the warm-up covers every microbatch), else one.
-    """
-    p = config.parallel
-    micro = config.training.global_batch_size // (config.training.micro_batch_size * p.data)
-    schedule = schedule_for(config)
-    stages, chunks = p.pipeline, p.virtual_stages
-    total = micro * chunks
-    if schedule is gpipe:
-        warmup = total
-    elif schedule is interleaved_one_f_one_b:
-        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
-    else:
-        warmup = min(stages - stage - 1, micro)
-    peak = min(warmup + 1, total)
-    return peak, (micro if warmup >= total else min(1, micro))
 
 
 def stage_memory(config, stage: int) -> StageMemory:

@@ -19,9 +19,24 @@ def gpipe(stage: int, stages: int, micro: int, chunks: int) -> list[Action]:
     return [(True, i, 0) for i in range(micro)] + [(False, i, 0) for i in reversed(range(micro))]
 
 
+def gpipe_warmup(stage: int, stages: int, micro: int, chunks: int) -> int:
+    """Forwards before GPipe's first backward: every one."""
+    return micro * chunks
+
+
+def one_f_one_b_warmup(stage: int, stages: int, micro: int, chunks: int) -> int:
+    """Forwards before 1F1B's first backward: one per later stage (the first microbatch's way down)."""
+    return min(stages - stage - 1, micro)
+
+
+def interleaved_warmup(stage: int, stages: int, micro: int, chunks: int) -> int:
+    """Forwards before interleaved 1F1B's first backward (Megatron's ``num_warmup_microbatches``)."""
+    return min((stages - stage - 1) * 2 + (chunks - 1) * stages, micro * chunks)
+
+
 def one_f_one_b(stage: int, stages: int, micro: int, chunks: int) -> list[Action]:
     """PipeDream-flush: p - stage - 1 warm-up forwards, then alternate, then drain."""
-    warmup = min(stages - stage - 1, micro)
+    warmup = one_f_one_b_warmup(stage, stages, micro, chunks)
     actions: list[Action] = [(True, i, 0) for i in range(warmup)]
     for i in range(micro - warmup):
         actions.append((True, warmup + i, 0))
@@ -41,7 +56,7 @@ def interleaved_one_f_one_b(stage: int, stages: int, micro: int, chunks: int) ->
     def backward(k: int) -> Action:
         return (False, (k // group) * stages + k % stages, chunks - 1 - (k % group) // stages)
 
-    warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = interleaved_warmup(stage, stages, micro, chunks)
     actions = [forward(k) for k in range(warmup)]
     for i in range(total - warmup):
         actions.append(forward(warmup + i))
@@ -55,6 +70,22 @@ SCHEDULES: dict[str, Callable[[int, int, int, int], list[Action]]] = {
     "1f1b": one_f_one_b,
     "interleaved-1f1b": interleaved_one_f_one_b,
 }
+# each schedule's warm-up forwards, which set the activations it keeps in flight
+# (emulator/workloads/pipeline.in_flight) without walking its actions
+WARMUPS: dict[Callable, Callable[[int, int, int, int], int]] = {
+    gpipe: gpipe_warmup,
+    one_f_one_b: one_f_one_b_warmup,
+    interleaved_one_f_one_b: interleaved_warmup,
+}
+
+
+def schedule_names(stages: int, chunks: int) -> list[str]:
+    """The schedules a layout of ``stages`` stages of ``chunks`` model chunks can run (the rules of
+    :func:`schedule_for`): interleaved 1F1B with several chunks; 1F1B, and GPipe when pipelined,
+    with one."""
+    if chunks > 1:
+        return ["interleaved-1f1b"]
+    return ["1f1b", "gpipe"] if stages > 1 else ["1f1b"]
 
 
 def schedule_for(config) -> Callable[[int, int, int, int], list[Action]]:

@@ -6,9 +6,7 @@ a collective sits. Segments are computed once per GPU type and reused for every 
 
 Segment kinds: ``("c", name, duration_ns, flops)`` compute; ``("m", name, collective, size_bytes,
 overlapped)`` a tensor-parallel collective; ``("w",)`` wait for the last overlapped collective.
-Overlap follows Megatron-LM: in backward, the input-gradient reduction overlaps the weight-gradient
-GEMM, and with sequence parallelism the re-gather of the layer input overlaps the input-gradient
-GEMM; every other collective is waited for at once.
+Which collectives overlap, and how segments are launched and timed: tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,9 +15,9 @@ from dataclasses import dataclass
 
 from emulator.hardware.compute import op_duration_ns
 from emulator.workloads import layer_costs as lc
+from emulator.workloads.tensor_parallel import is_overlapped, sequence_parallel
 
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
-OVERLAPPED_SUFFIXES = (".tp_reduce.backward", ".all_gather.recompute")
 
 
 def layer_shape(config) -> lc.LayerShape:
@@ -33,7 +31,7 @@ def layer_shape(config) -> lc.LayerShape:
         num_kv_heads=m.query_groups,
         gated_mlp=m.swiglu,
         tensor_parallel=p.tensor,
-        sequence_parallel=p.sequence_parallel and p.tensor > 1,
+        sequence_parallel=sequence_parallel(p),
         bytes_per_element=BYTES_PER_ELEMENT[t.precision],
         bias=m.add_bias_linear,
     )
@@ -57,7 +55,7 @@ def to_segments(ops: list[lc.Op], spec, precision: str) -> list[tuple]:
     for op in ops:
         if op.kind == "comm":
             flush()
-            overlapped = op.name.endswith(OVERLAPPED_SUFFIXES)
+            overlapped = is_overlapped(op.name)
             segments.append(("m", op.name, op.collective, op.size_bytes, overlapped))
             wait_after_next = overlapped
             continue

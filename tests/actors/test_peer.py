@@ -18,6 +18,7 @@ from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
 from emulator.engine.coordinator import drive
 from emulator.engine.placement import shard_layout
+from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.errors import BackendError, OutOfMemoryError, ProgramError
 from emulator.summary import export_shard, summarize
@@ -33,11 +34,13 @@ class ThreadedDirectTransport:
     exchanges_directly = True
 
     def __init__(self, config, topo, shards: int, program):
-        layout, rank_shard = shard_layout(topo, shards, config)
+        settings = EngineSettings.from_run_config(config)
+        layout, rank_shard = shard_layout(topo, shards, settings)
         self.shards, self.world_size = len(layout), topo.world_size
         self.lookahead_ns = topo.min_cross_node_latency_ns()
         self.threads = [ThreadPoolExecutor(1) for _ in layout]
-        self.objs = [Shard(topo, ranks, rank_shard, i, program, config, {}) for i, ranks in enumerate(layout)]
+        self.objs = [Shard(topo, ranks, rank_shard, i, program, settings, {}, run_config=config)
+                     for i, ranks in enumerate(layout)]  # fmt: skip
         self.meshes = [Mesh(i, self.shards, "127.0.0.1") for i in range(self.shards)]
         self.peers: list[PeerRounds] = []
         self.reached = None

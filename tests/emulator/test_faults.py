@@ -9,6 +9,7 @@ from emulator.cli import main
 from emulator.collbench import collbench
 from emulator.config.loader import load_cluster, load_run
 from emulator.engine.folding import fold_factor
+from emulator.engine.settings import EngineSettings
 from emulator.errors import ConfigError, FailureError
 from emulator.run import execute, run_job
 from netmodel.topology import Topology
@@ -185,11 +186,11 @@ def test_workload_faults_identical_across_shards_and_folding_off():
                  "faults.slow_gpu=[{ranks: [3], factor: 0.5}]", "faults.jitter={sigma: 0.05, nodes: [1]}"]  # fmt: skip
     path = RUNS / "megatron-22b-8gpu.yaml"
     config = load_run(path, overrides)
-    assert fold_factor(config, Topology(config.cluster)) == 1
-    assert fold_factor(load_run(path, overrides[:4]), Topology(config.cluster)) == 8
+    assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 1
+    assert fold_factor(EngineSettings.from_run_config(load_run(path, overrides[:4])), Topology(config.cluster)) == 8
     # a whole tier slows every rail alike: folding stays on
     tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5}]"])
-    assert fold_factor(tier, Topology(tier.cluster)) == 8
+    assert fold_factor(EngineSettings.from_run_config(tier), Topology(tier.cluster)) == 8
     prints = {execute(config, shards=shards)[0]["fingerprint"] for shards in (1, 2, 4)}
     assert len(prints) == 1
 

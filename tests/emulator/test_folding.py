@@ -4,6 +4,7 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.engine.folding import fold_factor, shift_name
+from emulator.engine.settings import EngineSettings
 from emulator.run import execute
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS
@@ -48,12 +49,12 @@ def test_folded_and_sharded_equals_unfolded():
 def test_fold_only_where_exact():
     """Folding needs a tensor group per node and a NIC per GPU, and the built-in workload."""
     config = load_run(RUNS / "megatron-175b-64gpu.yaml")
-    assert fold_factor(config, Topology(config.cluster)) == 8
+    assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 8
     unfit = (["parallel.tensor=4", "parallel.data=2"], ["cluster.nic.count=4"], ["engine.fast_collectives=none"],
              ["program=configs/examples/programs.py:ping_pong"])  # fmt: skip
     for overrides in unfit:
         config = load_run(RUNS / "megatron-175b-64gpu.yaml", overrides)
-        assert fold_factor(config, Topology(config.cluster)) == 1, overrides
+        assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 1, overrides
 
 
 def test_shift_name_moves_peers_and_representative_groups():

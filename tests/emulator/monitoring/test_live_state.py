@@ -14,6 +14,7 @@ from emulator.config.typed import from_dict
 from emulator.engine.coordinator import drive
 from emulator.engine.folding import fold_factor
 from emulator.engine.placement import shard_layout
+from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.monitoring import LiveState, Monitor, expected_iterations
 from emulator.monitoring.plan import work_plan
@@ -199,8 +200,9 @@ def model_run():
     topo = Topology(config.cluster)
     recorder = Recorder()
     program, args = resolve_program(config)
-    layout, rank_shard = shard_layout(topo, 1, config)
-    shard = Shard(topo, layout[0], rank_shard, 0, program, config, args, (), fold_factor(config, topo))
+    settings = EngineSettings.from_run_config(config)
+    layout, rank_shard = shard_layout(topo, 1, settings)
+    shard = Shard(topo, layout[0], rank_shard, 0, program, settings, args, (), fold_factor(settings, topo), config)
     # observed after every round (10 virtual ms), not every 0.5 s of wall time
     result = drive(InlineTransport([shard], topo.world_size), topo.min_cross_node_latency_ns(), recorder, 0.0)
     summary = summarize(result, topo, 1.0, "inline", 1)

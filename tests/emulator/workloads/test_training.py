@@ -7,6 +7,7 @@ from emulator.errors import OutOfMemoryError
 from emulator.run import execute
 from emulator.workloads.memory import activation_bytes_per_layer, stage_memory
 from emulator.workloads.metrics import model_flops_per_iteration
+from emulator.workloads.pipeline import bubble_fraction
 from tests.conftest import CONFIGS
 
 RUN = CONFIGS / "runs" / "megatron-22b-8gpu.yaml"
@@ -53,7 +54,7 @@ def test_pipeline_bubble_closed_form():
     config = _config("cluster.nodes=4", f"parallel.pipeline={p}", "parallel.tensor=8", "parallel.data=1",
                      f"training.global_batch_size={4 * m}", "model.num_layers=8", "model.vocab_size=512")  # fmt: skip
     summary = execute(config)[0]
-    assert summary["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=0.15)
+    assert summary["bubble_fraction"] == pytest.approx(bubble_fraction(p, m), rel=0.15)
 
 
 def test_zero2_reduce_scatters_and_gathers_over_data_parallel():

@@ -1,0 +1,56 @@
+"""What the engine needs of a run, read once from its run config: the engine's only input besides
+the topology, the program and its arguments.
+
+    python -c "from emulator.api import load_config; from emulator.engine.settings import EngineSettings; \
+print(EngineSettings.from_run_config(load_config('configs/runs/megatron-22b-8gpu.yaml')))"
+
+The run config (emulator/config/schema.py) describes a whole run: cluster, model, training,
+faults, engine knobs. The engine (Shard, the GPU handle, folding, placement) reads none of it; the
+backends build these settings with :meth:`EngineSettings.from_run_config` - the in-process
+backend once, each Ray shard actor from the config it receives, the same way - and pass them in.
+A program still receives the run config itself as ``gpu.config``: the engine carries it to the
+program without reading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine's view of a run; fields default to a plain user program's run."""
+
+    max_ops_ahead: int = 256  # how many ops a program may launch ahead of its GPU's streams
+    timeline_bucket_ns: int = 1_000_000  # resolution of the bytes-per-tier-over-time record
+    collective_engine: str = "compiled"  # "compiled" (netcore.py) or "python" (collective_run.py)
+    fast_collectives: bool = True  # groups inside one node complete in closed form
+    fold_tensor_groups: bool = True  # allow symmetry folding (folding.py) where it is exact
+    precision: str = "bf16"  # the rate a ``gpu.compute(flops=...)`` kernel runs at
+    faults: Any = None  # the run's FaultsConfig (emulator/faults.py reads it); None: no faults
+    # the built-in training workload runs (a model and no user program): folding and placement
+    # follow its layout; tensor / data / pipeline are the layout of a model run, 1 without a model
+    builtin_workload: bool = False
+    tensor: int = 1
+    data: int = 1
+    pipeline: int = 1
+
+    @classmethod
+    def from_run_config(cls, config) -> EngineSettings:
+        """The settings of a validated RunConfig."""
+        engine, parallel = config.engine, config.parallel
+        model_run = config.model is not None
+        return cls(
+            max_ops_ahead=engine.max_ops_ahead,
+            timeline_bucket_ns=int(engine.timeline_bucket_us * 1000),
+            collective_engine=engine.collective_engine,
+            fast_collectives=engine.fast_collectives != "none",
+            fold_tensor_groups=engine.fold_tensor_groups,
+            precision=config.training.precision,
+            faults=config.faults,
+            builtin_workload=model_run and config.program is None,
+            tensor=parallel.tensor if model_run else 1,
+            data=parallel.data if model_run else 1,
+            pipeline=max(1, parallel.pipeline) if model_run else 1,
+        )

@@ -1,0 +1,149 @@
+"""Tensor and sequence parallelism (Megatron-LM): the collectives of a tensor group, their sizes and
+overlap, and how activations and the vocabulary split over the group.
+
+    emulator run configs/runs/megatron-22b-8gpu.yaml     # tensor 8, sequence parallel
+
+The one description of the technique that the emulated program (training.py), the closed-form
+estimate (emulator/estimate.py), the memory model (memory.py) and the planner (emulator/plan.py)
+share. Narayanan et al. 2021 split attention heads and the MLP's hidden dimension over ``t`` ranks:
+each column-/row-parallel pair of GEMMs ends in an all-reduce of the ``b*s*h`` activation (forward)
+or of its gradient (backward). Sequence parallelism (Korthikanti et al. 2022) replaces each
+all-reduce by a reduce-scatter and an all-gather of the same buffer, so the layernorms and dropouts
+between them run on ``s/t`` tokens and their activations are split too. Where the collectives sit
+in a layer is layer_costs.py's op lists (:func:`boundary_collective` gives each its kind and size);
+segments.py fuses the compute between them; :func:`launch_segments` launches them and
+:func:`segments_time_ns` times the same sequence in closed form.
+"""
+
+from __future__ import annotations
+
+# Megatron overlaps the input-gradient reduction with the weight-gradient GEMM, and with sequence
+# parallelism the re-gather of a linear's input with its input-gradient GEMM; every other tensor
+# collective is waited for at once. The op names of layer_costs.py that end so are overlapped.
+OVERLAPPED_SUFFIXES = (".tp_reduce.backward", ".all_gather.recompute")
+
+
+def sequence_parallel(parallel) -> bool:
+    """Whether a run's ``parallel`` section has sequence parallelism in effect (it needs t > 1)."""
+    return parallel.sequence_parallel and parallel.tensor > 1
+
+
+def sequence_parallel_options(tensor: int) -> list[bool]:
+    """The sequence-parallel settings worth telling apart for a tensor size (the planner's axis)."""
+    return [False, True] if tensor > 1 else [False]
+
+
+def boundary_collective(shape, sp_collective: str) -> tuple[str, int] | None:
+    """(collective, buffer bytes) at a tensor-parallel boundary of a layer of ``shape``
+    (layer_costs.LayerShape): an all-reduce of the ``b*s*h`` activation, or ``sp_collective``
+    (reduce-scatter or all-gather of the same buffer) with sequence parallelism; None when t = 1."""
+    if shape.tensor_parallel == 1:
+        return None
+    size = shape.micro_batch_size * shape.seq_length * shape.hidden_size * shape.bytes_per_element
+    return (sp_collective if shape.sequence_parallel else "all_reduce", size)
+
+
+def loss_reduce_bytes(shape) -> int | None:
+    """One of the vocabulary-parallel cross-entropy's small all-reduces: an fp32 value per token;
+    None when t = 1 (the vocabulary is on one rank)."""
+    if shape.tensor_parallel == 1:
+        return None
+    return 4 * shape.micro_batch_size * shape.seq_length
+
+
+def vocab_rows(vocab_size: int, tensor: int) -> int:
+    """Vocabulary rows of the embedding (and output layer) on one tensor rank: padded up to a
+    multiple of ``t`` as Megatron does."""
+    return -(-vocab_size // tensor)
+
+
+def is_overlapped(op_name: str) -> bool:
+    """Whether the collective of layer_costs.py named ``op_name`` runs beside the next compute."""
+    return op_name.endswith(OVERLAPPED_SUFFIXES)
+
+
+def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
+    """Activations one layer keeps per tensor rank and microbatch: Korthikanti et al. 2022, Table 2
+    (``s*b*h*(...)`` bytes for 16-bit activations), for the config's recomputation or the one given.
+
+    Without sequence parallelism the ``10*s*b*h`` of the layernorms, dropouts and layer input stay
+    whole on every rank; with it everything divides by ``t``.
+    """
+    m, p, t = config.model, config.parallel, config.training
+    recompute = recompute or t.recompute
+    s, b, h, a, tp = t.seq_length, t.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tensor
+    sp = sequence_parallel(p)
+    sbh = s * b * h
+    if recompute == "full":
+        value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
+    elif recompute == "selective":
+        value = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
+    elif tp == 1:
+        value = sbh * (34 + 5 * a * s / h)
+    elif sp:
+        value = sbh * (34 / tp + 5 * a * s / (h * tp))
+    else:
+        value = sbh * (10 + 24 / tp + 5 * a * s / (h * tp))
+    scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations
+    return int(value * scale)
+
+
+def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "") -> None:
+    """Launch fused compute segments (segments.py) and the tensor-parallel collectives between
+    them on ``gpu``: a collective is waited for at once, unless it is overlapped; then it is waited
+    for at the next ``"w"`` segment, after the compute it runs beside."""
+    pending = None
+    for seg in segments:
+        kind = seg[0]
+        if kind == "c":
+            gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
+        elif kind == "m":
+            if tp_group is None:
+                continue
+            handle = getattr(gpu, seg[2])(seg[3], tp_group, async_op=True, stream="tp")
+            if seg[4]:
+                pending = handle  # overlapped: waited for after the next compute segment
+            else:
+                handle.wait()
+        elif pending is not None:
+            pending.wait()
+            pending = None
+
+
+def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
+    """(elapsed, compute) ns of one pass over fused segments on the compute stream, in closed form.
+
+    What :func:`launch_segments` makes the engine do: a compute segment runs for its duration; a
+    collective (``collective_ns(op, size_bytes)``) is waited for at once, unless it is marked
+    overlapped, then it runs beside the next compute segment and the ``"w"`` segment waits for it.
+    """
+    now = compute = 0
+    pending_end = None
+    for seg in segments:
+        kind = seg[0]
+        if kind == "c":
+            now += seg[2]
+            compute += seg[2]
+        elif kind == "m":
+            duration = collective_ns(seg[2], seg[3])
+            if seg[4]:
+                pending_end = now + duration  # launched after the compute before it
+            else:
+                now += duration
+        elif pending_end is not None:
+            now = max(now, pending_end)
+            pending_end = None
+    return now, compute
+
+
+def collective_lead_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
+    """(compute before the first collective, summed durations of the collectives) of fused segments;
+    ``collective_ns(op, size_bytes)`` times a collective."""
+    lead, first, total = 0, True, 0
+    for seg in segments:
+        if seg[0] == "c" and first:
+            lead += seg[2]
+        elif seg[0] == "m":
+            first = False
+            total += collective_ns(seg[2], seg[3])
+    return lead, total
