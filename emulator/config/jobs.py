@@ -198,12 +198,10 @@ def resolve_jobs(run) -> None:
     """Validate a run with ``jobs``: nothing to run at the top level, unique names, the placement,
     and every job's own run config (errors prefixed ``jobs[i] (name):``). Sets on each job
     ``placed`` (its Slots), ``ranks`` (its cluster ranks) and ``run`` (the RunConfig its program sees)."""
-    from emulator.config import limits as lim
     from emulator.errors import ConfigError
 
     jobs = run.jobs
     require(jobs, "jobs: the list is empty")
-    require(len(jobs) <= lim.MAX_JOBS, f"jobs: {len(jobs)} jobs; the emulator's limit is {lim.MAX_JOBS}")
     stray = [key for key in ("model", "program") if getattr(run, key) is not None]
     stray += [key for key in ("parallel", "training") if getattr(run, key) != type(getattr(run, key))()]
     stray += ["program_args"] if run.program_args else []

@@ -436,6 +436,8 @@ class RunConfig:
         # (netmodel/topology.py applies the slow links; not a field: config.yaml has them once)
         self.cluster.faults = self.faults
         if self.jobs is not None:
+            count = len(self.jobs)
+            require(count <= lim.MAX_JOBS, f"jobs: {count} jobs; the emulator's limit is {lim.MAX_JOBS}")
             resolve_jobs(self)
             return
         require(
