@@ -164,6 +164,10 @@ def cmd_run(args) -> int:
         + f" -> {done.run_dir}/summary.json"
     )
     print(line, flush=True)
+    for job in summary.get("jobs", []):  # a run with jobs: each job's own figures (emulator/jobs.py)
+        it, mfu = job.get("iteration_time_s"), job.get("mfu")
+        print(f"  job {job['name']}: {job['world_size']} GPUs" + (f", iteration {it:.4f} s" if it else "")
+              + (f", MFU {mfu:.3f}" if mfu is not None else ""), flush=True)  # fmt: skip
     monitor.linger(args.metrics_grace_s, quiet=args.quiet)  # then stops the metrics endpoint
     return 0
 

@@ -94,7 +94,12 @@ def forget_program(spec: str) -> None:
 
 
 def resolve_program(config) -> tuple[Callable, dict]:
-    """The program and its arguments for a run config (called inside every shard process)."""
+    """The program and its arguments for a run config (called inside every shard process); for a
+    run with ``jobs``, each rank's job's program (emulator/jobs.py)."""
+    if getattr(config, "jobs", None):
+        from emulator.jobs import jobs_program
+
+        return jobs_program(config), {}
     if config.program is not None:
         return load_program(config.program), dict(config.program_args)
     from emulator.workloads.training import training_program

@@ -144,6 +144,10 @@ def execute(config, backend: str = "inline", shards: int = 1, address: str | Non
             from emulator.workloads.metrics import workload_summary
 
             summary.update(workload_summary(config, result, topo))
+        if config.jobs:
+            from emulator.jobs import job_summaries
+
+            summary["jobs"] = job_summaries(config, result, topo)
     except BaseException as exc:
         exc.run_summary = failure_summary(config, exc, backend, shards, time.perf_counter() - start, topo)
         raise
@@ -178,6 +182,10 @@ def failure_summary(config, exc: BaseException, backend: str, shards: int, wall_
         summary.update(summarize(partial, topo, wall_time_s, backend, shards))
         reached_ns = max((r.final_time_ns for r in partial.ranks), default=0)
         summary["ranks_missing"] = config.cluster.world_size - len(partial.ranks)
+        if config.jobs:
+            from emulator.jobs import job_summaries
+
+            summary["jobs"] = job_summaries(config, partial, topo)
     else:
         reached_ns = stats.virtual_time_ns if stats is not None and math.isfinite(stats.virtual_time_ns) else 0
     stop_ns = getattr(exc, "stop_ns", None)  # a failure (faults.fail): the run ends when the collective timeout fires

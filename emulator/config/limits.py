@@ -23,6 +23,7 @@ MAX_WORLD_SIZE = 2**20  # GPUs in the cluster: 1,048,576 (10x the largest cluste
 MAX_NODES = 2**20
 MAX_GPUS_PER_NODE = 1024  # NVL576-class racks count as one scale-up node
 MAX_NICS_PER_NODE = 64
+MAX_JOBS = 1024  # jobs sharing one cluster (jobs:); each is validated as a run of its own
 MAX_TIERS = 8  # switch tiers above the scale-up fabric
 MAX_TOTAL_OVERSUBSCRIPTION = 64.0  # product of the tiers' oversubscription (3:1 over three tiers is 27)
 

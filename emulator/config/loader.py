@@ -255,6 +255,22 @@ def load_run_dict(path: str | Path, overrides: list[str] = ()) -> tuple[dict, Pa
         raise ConfigError(f"{run_path}: a run file must be a YAML mapping (key: value lines), got a {kind}")
     data = copy.deepcopy(data)
     base = run_path.resolve().parent
+    _resolve_references(data, base)
+    data.setdefault("name", run_path.stem)
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys[0] in ("cluster", "model") and isinstance(value, str) and len(keys) == 1:
+            value, _ = resolve_reference(keys[0], value, Path.cwd())
+        apply_override(data, keys, value)
+    if isinstance(data.get("jobs"), list):  # after the overrides: --set jobs.0.run=... is resolved too
+        data["jobs"] = [_resolve_job(job, i, base) for i, job in enumerate(data["jobs"])]
+    return data, base
+
+
+def _resolve_references(data: dict, base: Path) -> None:
+    """Replace the references of a run (or job) mapping in place: ``cluster``, ``model``,
+    ``parallel``, ``training`` named by path or preset (or ``{from: ..., key: value}``), and a
+    ``program`` path relative to ``base``."""
     for kind in ("cluster", "model", "parallel", "training"):
         value = data.get(kind)
         if isinstance(value, str):
@@ -267,13 +283,35 @@ def load_run_dict(path: str | Path, overrides: list[str] = ()) -> tuple[dict, Pa
         file_part, func = data["program"].rsplit(":", 1)
         if not Path(file_part).is_absolute() and (base / file_part).is_file():
             data["program"] = f"{base / file_part}:{func}"
-    data.setdefault("name", run_path.stem)
-    for text in overrides:
-        keys, value = parse_override(text)
-        if keys[0] in ("cluster", "model") and isinstance(value, str) and len(keys) == 1:
-            value, _ = resolve_reference(keys[0], value, Path.cwd())
-        apply_override(data, keys, value)
-    return data, base
+
+
+def _resolve_job(job: Any, index: int, base: Path) -> Any:
+    """One entry of ``jobs``: its ``run`` file (relative to the jobs file, else to the working
+    directory) gives every key the entry does not (nested mappings merged key by key); then its
+    references are resolved like a run file's. Named after its run file unless it has a name."""
+    if not isinstance(job, dict):
+        return job  # the typed conversion says what is wrong with it
+    job = copy.deepcopy(job)
+    ref = job.pop("run", None)
+    if ref is not None:
+        where = f"jobs[{index}].run"
+        if not isinstance(ref, str):
+            raise ConfigError(f"{where}: expected the path of a run file, got {type(ref).__name__}")
+        path = next((p for p in (base / ref, Path.cwd() / ref) if p.is_file()), None)
+        if path is None:
+            raise ConfigError(f"{where}: no run file {shown_key(ref)} (relative to {base} or the working directory)")
+        raw = read_yaml(path)  # looked at before loading: a run file with jobs could name this file again
+        for key in ("jobs", "placement", "faults", "engine"):
+            if isinstance(raw, dict) and key in raw:
+                raise ConfigError(
+                    f"{where}: {path.name} has '{key}'; a job is one run, and on a shared cluster {key} "
+                    "belongs to the top level of the jobs file"
+                )
+        loaded, _ = load_run_dict(path)
+        job = _deep_merge(loaded, job)
+    _resolve_references(job, base)
+    job.setdefault("name", f"job{index}")
+    return job
 
 
 def load_run(path: str | Path, overrides: list[str] = ()) -> RunConfig:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from emulator.config import limits as lim
 from emulator.config.cluster import ClusterConfig
+from emulator.config.jobs import Slots, resolve_jobs
 from emulator.config.typed import require, require_range, shown
 
 
@@ -360,6 +361,56 @@ def _link_exists(cluster: ClusterConfig, groups: list, name: str) -> bool:
     return match.group(3) in {"tx", "rx"} | shares
 
 
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass
+class JobConfig:
+    """One job of a run with ``jobs:`` (emulator/config/jobs.py): what it runs, as a run file would
+    say it, and where: ``nodes`` (whole nodes) or ``gpus``, placed by the run's ``placement``, or
+    exactly ``node_ids`` (whole nodes) or ``slots`` (GPUs of nodes). A run file named by ``run:``
+    (resolved by the loader) gives the defaults.
+    """
+
+    name: str = ""
+    nodes: int | None = None
+    gpus: int | None = None
+    node_ids: list[int] | None = None
+    slots: list[Slots] | None = None
+    model: ModelConfig | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    program: str | None = None  # "path.py:function"; default: the built-in training workload
+    program_args: dict[str, Any] = field(default_factory=dict)
+    # the job's own cluster (its run file's): its GPU types must be those of the GPUs the job gets;
+    # the network, node count and node size are the shared cluster's. Its size is the default size.
+    cluster: ClusterConfig | None = None
+
+    def validate(self, path: str) -> None:
+        require(
+            _JOB_NAME.fullmatch(self.name) is not None,
+            f"{path}.name: {shown(self.name)} is not a job name (1-64 letters, digits, '.', '_', '-'; it names "
+            f"the job's folder of the run directory)",
+        )
+        where = ("nodes", "gpus", "node_ids", "slots")
+        if all(getattr(self, key) is None for key in where) and self.cluster is not None:
+            self.gpus = self.cluster.world_size  # the size of its run file's cluster
+        chosen = [key for key in where if getattr(self, key) is not None]
+        require(len(chosen) == 1, f"{path}: give exactly one of nodes, gpus, node_ids, slots" +
+                (f" (got {', '.join(chosen)})" if chosen else ""))  # fmt: skip
+        require_range(self, path, "nodes", 1, lim.MAX_NODES)
+        require_range(self, path, "gpus", 1, lim.MAX_WORLD_SIZE)
+        if self.node_ids is not None:
+            require(self.node_ids, f"{path}.node_ids: the list is empty")
+            require(len(self.node_ids) <= lim.MAX_NODES, f"{path}.node_ids: more than {lim.MAX_NODES} nodes")
+            require(all(n >= 0 for n in self.node_ids), f"{path}.node_ids: node ids are >= 0")
+            require(len(set(self.node_ids)) == len(self.node_ids), f"{path}.node_ids: {shown(self.node_ids)} "
+                    "repeats a node")  # fmt: skip
+        if self.slots is not None:
+            require(self.slots, f"{path}.slots: the list is empty")
+            require(len(self.slots) <= lim.MAX_NODES, f"{path}.slots: more than {lim.MAX_NODES} entries")
+
+
 @dataclass
 class RunConfig:
     """A run file: what to emulate on which cluster."""
@@ -373,6 +424,10 @@ class RunConfig:
     program_args: dict[str, Any] = field(default_factory=dict)
     engine: EngineConfig = field(default_factory=EngineConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)  # stragglers, jitter, slow links
+    # several jobs on this cluster in one emulation (emulator/config/jobs.py), each placed by
+    # ``placement`` unless it names its node_ids; the top level then runs nothing itself
+    jobs: list[JobConfig] | None = None
+    placement: Literal["packed", "spread"] = "packed"
 
     def validate(self, path: str) -> None:
         self.faults.check_cluster(self.cluster)
@@ -380,6 +435,11 @@ class RunConfig:
         # monitor, the results): the faults travel with the cluster so that every one sees them
         # (netmodel/topology.py applies the slow links; not a field: config.yaml has them once)
         self.cluster.faults = self.faults
+        if self.jobs is not None:
+            count = len(self.jobs)
+            require(count <= lim.MAX_JOBS, f"jobs: {count} jobs; the emulator's limit is {lim.MAX_JOBS}")
+            resolve_jobs(self)
+            return
         require(
             self.program is not None or self.model is not None,
             "the run needs either 'program: path.py:function' or a 'model' for the built-in training workload",

@@ -55,17 +55,38 @@ class Group:
         return f"group[{shown}]"
 
 
-class GPU:
-    """Handle a program receives: identity of the rank plus the launch calls."""
+class JobRanks:
+    """Where the ranks of one job of a shared cluster live: job rank ``i`` is cluster rank
+    ``ranks[i]`` (emulator/config/jobs.py)."""
 
-    def __init__(self, shard, vgpu, args: dict[str, Any], config: Any):
-        """``config``: the run config, for the program (``gpu.config``); the engine reads
-        ``shard.settings`` instead."""
+    __slots__ = ("name", "ranks", "local", "precision")
+
+    def __init__(self, name: str, ranks: tuple[int, ...], precision: str = "bf16"):
+        self.name = name
+        self.ranks = ranks
+        self.precision = precision  # the job's training precision: what its compute kernels run at
+        self.local = {r: i for i, r in enumerate(ranks)}
+
+
+class GPU:
+    """Handle a program receives: identity of the rank plus the launch calls.
+
+    With ``job`` (a job of a shared cluster) the program sees the job's ranks: ``rank``,
+    ``world_size``, ``world``, the ranks given to ``new_group``, ``send``, ``recv`` and a root are
+    the job's own, mapped to cluster ranks here (group members and op names are cluster ranks).
+    """
+
+    def __init__(self, shard, vgpu, args: dict[str, Any], config: Any, job: JobRanks | None = None):
+        """``config``: the run config (the job's, for a job), for the program (``gpu.config``); the
+        engine reads ``shard.settings`` instead."""
         self._shard = shard
         self._gpu = vgpu
+        self._job = job
+        self._rank = vgpu.rank  # the cluster rank: the engine's
         topo = shard.topo
-        self.rank: int = vgpu.rank
-        self.world_size: int = topo.world_size
+        self.rank: int = vgpu.rank if job is None else job.local[vgpu.rank]
+        self.world_size: int = topo.world_size if job is None else len(job.ranks)
+        self._who = f"rank {self.rank}" if job is None else f"job {job.name} rank {self.rank}"
         self.node: int = vgpu.node
         self.local_rank: int = topo.rank_local[vgpu.rank]
         self.gpus_per_node: int = topo.node_gpus[vgpu.node]
@@ -73,31 +94,45 @@ class GPU:
         self.spec = vgpu.spec
         self.args = args
         self.config = config
-        self.precision: str = shard.settings.precision
-        self.world: Group = shard.world_group()
+        self.precision: str = shard.settings.precision if job is None else job.precision
+        self.world: Group = shard.world_group() if job is None else shard.group(job.ranks)
+
+    def for_job(self, job: JobRanks, args: dict[str, Any], config: Any) -> GPU:
+        """This GPU as a rank of ``job`` sees it, for the job's program (``args``, ``config``)."""
+        return GPU(self._shard, self._gpu, args, config, job)
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, ranks) -> Group:
         """The process group of ``ranks`` (order matters: it is the ring order)."""
         ranks_arg = ranks
         # every member of a group asks for it: after the first, a ``range`` is found without
-        # hashing its thousands of ranks again (tuples do not cache their hash)
+        # hashing its thousands of ranks again (tuples do not cache their hash); a job's ranges
+        # are its own ranks, cached apart from the other jobs'
         by_range = self._shard.range_groups
-        known = by_range.get(ranks) if type(ranks) is range else None
+        range_key = ranks if self._job is None else (self._job.name, ranks)
+        known = by_range.get(range_key) if type(ranks) is range else None
         if known is None:
-            ranks = tuple(ranks)
+            ranks = tuple(ranks) if self._job is None else self._cluster_ranks(ranks)
             known = self._shard.groups.get(ranks)
-        if known is not None and self.rank in known.index:
+        if known is not None and self._rank in known.index:
             return known
         ranks = tuple(int(r) for r in ranks)
-        if self.rank not in ranks:
-            raise ProgramError(f"rank {self.rank}: new_group({list(ranks)[:8]}...) does not contain this rank")
-        if len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= self.world_size:
-            raise ProgramError(f"rank {self.rank}: new_group has duplicate or out-of-range ranks")
+        if self._rank not in ranks:
+            raise ProgramError(f"{self._who}: new_group({list(ranks_arg)[:8]}...) does not contain this rank")
+        if len(set(ranks)) != len(ranks) or min(ranks) < 0 or max(ranks) >= self._shard.topo.world_size:
+            raise ProgramError(f"{self._who}: new_group has duplicate or out-of-range ranks")
         group = self._shard.group(ranks)
         if type(ranks_arg) is range:
-            by_range[ranks_arg] = group
+            by_range[range_key] = group
         return group
+
+    def _cluster_ranks(self, ranks) -> tuple[int, ...]:
+        """A job's ranks as cluster ranks (out-of-range ones are a ProgramError)."""
+        job = self._job.ranks
+        try:
+            return tuple(job[int(r)] if r >= 0 else -1 for r in ranks)
+        except IndexError:
+            raise ProgramError(f"{self._who}: new_group has duplicate or out-of-range ranks") from None
 
     # -- launches ----------------------------------------------------------------------------
     def compute(self, name: str = "compute", *, flops: float = 0.0, bytes: float = 0.0, kind: str = "matmul",
@@ -106,7 +141,7 @@ class GPU:
         if duration_ns is None:
             duration_ns = self._shard.compute_time_ns(self._gpu, flops, bytes, kind, self.precision)
         elif duration_ns < 0:
-            raise ProgramError(f"rank {self.rank}: compute({name!r}) duration_ns must be >= 0")
+            raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be >= 0")
         op = Op(COMPUTE, name, int(duration_ns), flops)
         self._shard.launch(self._gpu, op, stream)
         return op
@@ -114,14 +149,14 @@ class GPU:
     def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
         """Send ``size_bytes`` to rank ``dst``; matched with its recv by (source, tag, order)."""
-        self._check_peer(dst, "send")
+        dst = self._check_peer(dst, "send")
         op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, int(size_bytes), tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
     def recv(self, src: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
         """Receive ``size_bytes`` from rank ``src``; completes when the message has arrived."""
-        self._check_peer(src, "recv")
+        src = self._check_peer(src, "recv")
         op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, int(size_bytes), tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
@@ -157,7 +192,7 @@ class GPU:
 
     def free(self, block: Allocation) -> None:
         if block.freed:
-            raise ProgramError(f"rank {self.rank}: {block.name} freed twice")
+            raise ProgramError(f"{self._who}: {block.name} freed twice")
         block.freed = True
         self._launch(Op(FREE, f"free({block.name})", block), "compute", comm=False)
 
@@ -172,21 +207,24 @@ class GPU:
         return op.t_end
 
     # -- internals ---------------------------------------------------------------------------
-    def _check_peer(self, peer: int, what: str) -> None:
+    def _check_peer(self, peer: int, what: str) -> int:
+        """The cluster rank of ``peer``, another rank of the program's world."""
         if not 0 <= peer < self.world_size or peer == self.rank:
-            raise ProgramError(f"rank {self.rank}: {what} peer {peer} is not another rank of 0..{self.world_size - 1}")
+            raise ProgramError(f"{self._who}: {what} peer {peer} is not another rank of 0..{self.world_size - 1}")
+        return peer if self._job is None else self._job.ranks[peer]
 
     def _collective(self, op: str, size_bytes: int, group: Group | None, *, root: int | None = None,
                     algo: str | None = None, async_op: bool = False, stream: str = "comm") -> Handle:  # fmt: skip
         group = group or self.world
-        index = group.index.get(self.rank)
+        index = group.index.get(self._rank)
         if index is None:
-            raise ProgramError(f"rank {self.rank}: {op} on {group}, which does not contain this rank")
+            raise ProgramError(f"{self._who}: {op} on {group}, which does not contain this rank")
         root_index = 0
         if root is not None:
-            if root not in group.index:
-                raise ProgramError(f"rank {self.rank}: {op} root {root} is not a member of {group}")
-            root_index = group.index[root]
+            member = root if self._job is None or not 0 <= root < self.world_size else self._job.ranks[root]
+            if member not in group.index:
+                raise ProgramError(f"{self._who}: {op} root {root} is not a member of {group}")
+            root_index = group.index[member]
         key = (op, size_bytes, index, root_index, algo)
         cached = group.calls.get(key)
         if cached is None:

@@ -3,8 +3,9 @@
 A shard boundary is where messages cross shards, and every cross-shard message costs rounds. For
 the built-in workload, cutting between pipeline stages leaves only the stage-boundary sends to
 cross (tensor groups live in one node; data-parallel groups in one stage), so the shards are
-balanced over *units*: runs of nodes that no stage boundary separates. With fewer units than
-shards (or no model), the split falls back to whole nodes.
+balanced over *units*: runs of nodes that no stage boundary separates. Several jobs on a cluster
+(``jobs``) are cut between jobs and between each job's stages. With fewer units than shards (or no
+model), the split falls back to whole nodes.
 """
 
 from __future__ import annotations
@@ -30,21 +31,39 @@ def balanced_split(weights: list[int], parts: int) -> list[list[int]]:
 
 
 def stage_units(topo, settings) -> list[list[int]]:
-    """Runs of consecutive nodes that no pipeline-stage boundary separates (one run per node
-    without the built-in workload, or ``settings`` None). A node holding ranks of two stages joins
-    them into one unit."""
+    """Runs of consecutive nodes that no pipeline-stage boundary (nor, with jobs, job boundary)
+    separates; one run per node without the built-in workload (or ``settings`` None). A node
+    holding ranks of two stages joins them into one unit; a node shared by two jobs is a unit of
+    its own."""
     nodes = list(range(topo.num_nodes))
-    if settings is None or not settings.builtin_workload or settings.pipeline < 2:
+    key = _stage_key(settings)
+    if key is None:
         return [[n] for n in nodes]
-    per_stage = settings.tensor * settings.data  # Megatron order: stages are blocks of ranks
     units: list[list[int]] = []
     for n in nodes:
         first = topo.node_first_rank[n]
-        if units and first // per_stage == (first - 1) // per_stage:
+        if units and key(first) == key(first - 1) and key(first) is not None:
             units[-1].append(n)  # the previous node ends inside this node's first stage
         else:
             units.append([n])
     return units
+
+
+def _stage_key(settings):
+    """rank -> what the shards should keep together: its pipeline stage (Megatron order: stages
+    are blocks of ranks); with jobs, (its job, its stage in the job), None for a GPU no job
+    occupies. None when every node may stand alone."""
+    if settings is None:
+        return None
+    if settings.jobs:
+        owner: dict[int, tuple] = {}
+        for index, (ranks, per_stage) in enumerate(settings.jobs):
+            owner.update({rank: (index, local // per_stage) for local, rank in enumerate(ranks)})
+        return owner.get
+    if not settings.builtin_workload or settings.pipeline < 2:
+        return None
+    per_stage = settings.tensor * settings.data
+    return lambda rank: rank // per_stage
 
 
 def shard_layout(topo, shards: int, settings=None) -> tuple[list[list[int]], list[int]]:

@@ -35,6 +35,10 @@ class EngineSettings:
     tensor: int = 1
     data: int = 1
     pipeline: int = 1
+    # a run with jobs (emulator/config/jobs.py): per job, its cluster ranks (in job-rank order) and
+    # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
+    # keep a job's stages whole; empty without jobs
+    jobs: tuple[tuple[tuple[int, ...], int], ...] = ()
 
     @classmethod
     def from_run_config(cls, config) -> EngineSettings:
@@ -53,4 +57,11 @@ class EngineSettings:
             tensor=parallel.tensor if model_run else 1,
             data=parallel.data if model_run else 1,
             pipeline=max(1, parallel.pipeline) if model_run else 1,
+            jobs=tuple((tuple(job.ranks), _ranks_per_stage(job.run, len(job.ranks))) for job in config.jobs or ()),
         )
+
+
+def _ranks_per_stage(run, ranks: int) -> int:
+    """The ranks of one pipeline stage of a job's run (Megatron order: stages are blocks of ranks)."""
+    staged = run.model is not None and run.program is None and run.parallel.pipeline >= 2
+    return run.parallel.tensor * run.parallel.data if staged else ranks

@@ -34,8 +34,12 @@ def flatten(value, prefix: str = "") -> dict:
 
 
 def result_figures(data: RunTables) -> dict:
-    """The summary flattened, plus per-rank means and per-tier link maxima from the tables."""
-    figures = flatten(data.summary)
+    """The summary flattened (a run's ``jobs`` by name: ``jobs.a.iteration_time_s``), plus per-rank
+    means and per-tier link maxima from the tables."""
+    summary = data.summary
+    if isinstance(summary.get("jobs"), list):
+        summary = {**summary, "jobs": {str(job.get("name", i)): job for i, job in enumerate(summary["jobs"])}}
+    figures = flatten(summary)
     if data.ranks:
         for col in BREAKDOWN:
             if col in data.ranks[0]:  # run directories from before a column existed lack it

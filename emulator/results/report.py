@@ -250,6 +250,30 @@ def faults_section(data: RunTables) -> str:
     return _section("Faults", body)
 
 
+def jobs_section(data: RunTables) -> str:
+    """A run with ``jobs`` (emulator/jobs.py): each job's headline figures and where it ran."""
+    jobs = data.summary.get("jobs")
+    if not jobs:
+        return ""
+
+    def where(job: dict) -> str:
+        slots = job.get("placement", [])
+        shown = [f"node {p['node']} GPUs {p['first_gpu']}-{p['first_gpu'] + p['gpus'] - 1}" for p in slots[:8]]
+        return ", ".join(shown) + (" ..." if len(slots) > 8 else "")
+
+    def rate(job: dict) -> str:
+        return units.MISSING if job.get("tokens_per_s") is None else f"{units.count(job['tokens_per_s'])} tokens/s"
+
+    rows = [[j["name"], units.count(j.get("world_size")), units.count(j.get("iterations")),
+             units.duration_s(j.get("iteration_time_s")), rate(j), units.percent(j.get("mfu")),
+             units.percent(j.get("exposed_comm_fraction")), where(j)] for j in jobs]  # fmt: skip
+    header = ["job", "GPUs", "iterations", "iteration time (mean)", "throughput", "MFU", "exposed communication",
+              "placement"]  # fmt: skip
+    note = ('<p class="note">The jobs share this run\'s network: the traffic and link tables below are their '
+            "combined traffic. Each job's own figures and ranks are in <code>jobs/&lt;name&gt;/</code>.</p>")
+    return _section("Jobs", _table(rows, header) + note)
+
+
 def trace_section(trace: Path | None, page: Path | None) -> str:
     if trace is None or not trace.is_file():
         return ""
@@ -269,6 +293,7 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
         status_banner(s, has_tables),
         _section("Summary", _table(headline_rows(s), ["figure", "value"])),
         published_section(data),
+        jobs_section(data),
         faults_section(data),
         time_section(data, pngs),
         memory_section(data, pngs),

@@ -5,7 +5,8 @@
 
 Files: ``config.yaml`` (the resolved config: rerunning it reproduces the run), ``summary.json``,
 ``links.csv``, ``ranks.csv``, ``histograms.csv``, ``timeline.csv`` and ``trace.json``; their columns
-are documented in the README (Results).
+are documented in the README (Results). A run with ``jobs`` adds ``jobs/<name>/`` per job
+(emulator/jobs.py).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
                                                       "fingerprint": summary.get("fingerprint", "")})  # fmt: skip
     # compact separators: a traced node of 8 GPUs over many iterations is easily 10^5 events
     (out / "trace.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    if getattr(config, "jobs", None):
+        from emulator.jobs import write_job_dirs
+
+        write_job_dirs(out, config, summary, result, topo)
     return out, data
 
 
