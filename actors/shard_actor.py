@@ -133,11 +133,28 @@ def localise_program(config, source: bytes | None):
     return dataclasses.replace(config, program=f"{target}:{func}")
 
 
+def normal_priority() -> int:
+    """Run this shard at normal priority where allowed; returns its niceness.
+
+    Ray starts its workers at niceness 15 unless the node was started with ``RAY_worker_niceness=0``
+    (deploy/ray/*.sh and a Ray that ``emulator run`` starts do that): a niced shard gets a core only
+    when nothing else on the host wants one. Lowering niceness needs privileges (root or
+    CAP_SYS_NICE); without them the shard keeps Ray's and ``describe`` reports it.
+    """
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 class ShardHost:
     """The actor's body, a plain class (the Ray actor is ``ShardActor`` below)."""
 
     def __init__(self) -> None:
         tune_process()  # this process only hosts a shard: keep the cyclic collector out of its loop
+        normal_priority()
         self.shard: Shard | None = None
         self.program_digests: dict[str, str] = {}  # actors serve several runs of one driver
         self.mesh: Mesh | None = None  # connections to the other shards (engine.ray_rounds: direct)
@@ -152,6 +169,7 @@ class ShardHost:
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "code": code_digest(),
+            "niceness": os.getpriority(os.PRIO_PROCESS, 0),
         }
 
     def start(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks=(),

@@ -20,6 +20,9 @@ if ! [[ "$RAY_PORT_OFFSET" =~ ^[0-9]+$ ]] || (( RAY_PORT_OFFSET % 100 != 0 || RA
   echo "error: RAY_PORT_OFFSET=$RAY_PORT_OFFSET: expected a multiple of 100 from 0 to 900" >&2
   exit 2
 fi
+# Ray starts its worker processes at niceness 15 by default, so a shard (a worker) loses its core to
+# any other process of the host, Ray's own daemons included; the shards are the job: normal priority.
+export RAY_worker_niceness="${RAY_worker_niceness:-0}"
 ray_port() { echo $(( $1 + RAY_PORT_OFFSET )); }
 RAY_GCS_PORT=$(ray_port 6379)
 RAY_DASHBOARD_PORT=$(ray_port 8265)

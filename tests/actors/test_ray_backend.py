@@ -77,8 +77,9 @@ def test_identical_results_inline_and_on_ray(ray_cluster, shards):
         assert on_ray["backend"] == "ray" and on_ray["shards"] == shards
         assert figures(on_ray) == figures(inline), name
         assert on_ray["fingerprint"] == reference["fingerprint"], name
-        nodes = on_ray["shard_nodes"]  # one {"node_id", "host"} per shard, each on a node of its own
-        assert len(nodes) == shards and all(set(n) == {"node_id", "host"} for n in nodes), name
+        nodes = on_ray["shard_nodes"]  # one {"node_id", "host", "niceness"} per shard, each on a node of its own
+        assert len(nodes) == shards and all(set(n) == {"node_id", "host", "niceness"} for n in nodes), name
+        assert all(n["niceness"] == 0 for n in nodes), name  # not Ray's 15: the shards are the job
         assert len({n["node_id"] for n in nodes}) == min(shards, RAY_NODES), name
         if shards > 1:  # live figures seen
             assert recorder.updates[-1] == (on_ray["rounds"], list(range(shards)))
