@@ -43,7 +43,11 @@ NIC_QUARTER = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25}]"
         ("faults.slow_link=[{links: [node0.nic8.rx], factor: 0.5}]", "no link 'node0.nic8.rx'"),
         ("faults.slow_link=[{tier: spine, factor: 0.5}]", "faults.slow_link[0].tier: unknown tier 'spine'"),
         ("faults.slow_link=[{nic: {node: 1, index: 8}, factor: 0.5}]", "node 1 has 8 NICs (0..7), got 8"),
-        ("faults.slow_link=[{tier: ib-spine, factor: 0.5, start_s: 1}]", "time windows are not supported for slow"),
+        (
+            "faults.slow_link=[{tier: ib-spine, factor: 0.5, start_s: 1, end_s: 1}]",
+            "faults.slow_link[0]: end_s (1) must be after start_s (1)",
+        ),
+        ("faults.slow_link=[{tier: ib-spine, factor: 0.5, end_s: 2.0e+9}]", "slow_link[0].end_s must be <= 1000000000"),
         ("faults.slow_link=[{tier: ib-spine, links: [node0.nic0.tx], factor: 0.5}]", "exactly one of links, nic"),
         ("faults.slow_lnk=[]", "did you mean 'slow_link'"),
         ("faults.seed=-1", "faults.seed must be >= 0"),
