@@ -64,7 +64,7 @@ def resolve_slow_links(topo, faults: list) -> None:
         factor = fault.factor
         start_s, end_s = getattr(fault, "start_s", None), getattr(fault, "end_s", None)
         windowed = start_s is not None or end_s is not None
-        topo.slow_links.append({"path": path, "links": links, "factor": factor, "start_s": start_s, "end_s": end_s})
+        topo.slow_links.append({"links": links, "factor": factor, "start_s": start_s, "end_s": end_s})
         window = (round((start_s or 0.0) * 1e9), NO_END_NS if end_s is None else round(end_s * 1e9), factor)
         for link in links:
             if windowed:

@@ -157,6 +157,26 @@ def test_degraded_nic_shows_in_links_and_slows_the_all_reduce(tmp_path):
     assert not getattr(cluster, "faults", None)  # the caller's cluster is left as it was
 
 
+NIC_WINDOW = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25, start_s: 0.06, end_s: 0.12}]"
+
+
+def test_slow_link_window_slows_only_the_iteration_inside_it():
+    """node1.nic0 at 25% over [0.06, 0.12) s, the second of three ~0.0588 s iterations: only that
+    iteration's all-reduce is slower (none as slow as with the NIC degraded all run), and the
+    compiled and the Python collective engines agree bit for bit."""
+    base = execute(load_run(DATA_PARALLEL))[0]
+    whole = execute(load_run(DATA_PARALLEL, [NIC_QUARTER]))[0]
+    runs = [execute(load_run(DATA_PARALLEL, [NIC_WINDOW, f"engine.collective_engine={e}"]))[0]
+            for e in ("compiled", "python")]  # fmt: skip
+    assert runs[0]["fingerprint"] == runs[1]["fingerprint"] != base["fingerprint"]
+    first, second, third = runs[0]["iteration_times_s"]
+    assert [first, third] == [base["iteration_times_s"][0], base["iteration_times_s"][2]]
+    assert base["iteration_times_s"][1] < second < whole["iteration_times_s"][1]
+    assert runs[0]["faults"]["slow_link"] == [
+        {"links": ["node1.nic0.tx", "node1.nic0.rx"], "factor": 0.25, "start_s": 0.06, "end_s": 0.12}
+    ]
+
+
 def test_collbench_slow_link_errors():
     cluster = load_cluster("dgx-a100-hdr")
     with pytest.raises(ConfigError, match="expected NAME=FACTOR"):
@@ -171,7 +191,9 @@ EVERY_FAULT = [
     "faults.seed=7",
     "faults.jitter={sigma: 0.1}",
     "faults.slow_gpu=[{ranks: [9], factor: 0.7}, {nodes: [2], factor: 0.8, start_s: 0.02, end_s: 0.1}]",
-    "faults.slow_link=[{links: [node0.nic3.tx], factor: 0.3}, {tier: ib-spine, factor: 0.5}]",
+    "faults.slow_link=[{links: [node0.nic3.tx], factor: 0.3}, {tier: ib-spine, factor: 0.5},"
+    " {nic: {node: 1, index: 2}, factor: 0.25, start_s: 0.06, end_s: 0.12}, {links: [gpu3.nvswitch.rx], factor: 0.5,"
+    " start_s: 0.01}]",
 ]
 
 
