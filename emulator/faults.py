@@ -209,7 +209,13 @@ def applied_faults(faults, topo) -> dict | None:
         out["jitter"] = {"sigma": j.sigma, "ranks": "all" if len(ranks) == topo.world_size else ranks}
     if faults.slow_link:
         out["slow_link"] = [
-            {**applied, "links": [topo.link_name[i] for i in applied["links"]]} for applied in topo.slow_links
+            {
+                "links": [topo.link_name[i] for i in a["links"]],
+                "factor": a["factor"],
+                "start_s": a["start_s"],
+                "end_s": a["end_s"],
+            }
+            for a in topo.slow_links
         ]
     failures = Failures.for_faults(faults, topo)
     if failures is not None:

@@ -46,17 +46,21 @@ def resolve_slow_links(topo, faults: list) -> None:
     """Apply ``faults.slow_link`` to ``topo``: entries without a window scale ``link_bw`` (their
     factors multiply); windowed ones are kept as ``link_windows`` (link -> ``(start_ns, end_ns,
     factor)``, config order). Each entry selects ``links`` by name, a ``nic`` (tx and rx) or a
-    whole ``tier``; ``slow_links`` records what was applied for summary.json. A factor that could
+    whole ``tier``; ``slow_links`` records what was applied (summary.json, the live figures) with
+    ``target``, the name the entry gave (a tier, ``node1.nic0``, link names). A factor that could
     take a link below the slowest one the emulator allows is a ConfigError."""
     by_name = {name: i for i, name in enumerate(topo.link_name)} if faults else {}
     for index, fault in enumerate(faults):
         path = f"faults.slow_link[{index}]"
         if fault.links is not None:
             links = [by_name[name] for name in fault.links]  # names were checked against the cluster
+            target = ",".join(fault.links)
         elif fault.nic is not None:
             node, nic = fault.nic.node, fault.nic.index
             links = [topo.nic_tx[node][nic], topo.nic_rx[node][nic]]
+            target = f"node{node}.nic{nic}"
         else:
+            target = fault.tier
             tiers = {k for k, name in enumerate(topo.tier_names) if name == fault.tier}
             if fault.tier in {g.scale_up.name for g in topo.groups}:
                 tiers.add(0)  # every node group's scale-up fabric, whatever the first one's name
@@ -64,7 +68,7 @@ def resolve_slow_links(topo, faults: list) -> None:
         factor = fault.factor
         start_s, end_s = getattr(fault, "start_s", None), getattr(fault, "end_s", None)
         windowed = start_s is not None or end_s is not None
-        topo.slow_links.append({"links": links, "factor": factor, "start_s": start_s, "end_s": end_s})
+        topo.slow_links.append({"target": target, "links": links, "factor": factor, "start_s": start_s, "end_s": end_s})
         window = (round((start_s or 0.0) * 1e9), NO_END_NS if end_s is None else round(end_s * 1e9), factor)
         for link in links:
             if windowed:
@@ -239,10 +243,23 @@ class LinkModel:
                 return True
         return False
 
-    def factor_now(self, link: int, t: int) -> float:
-        """The product of ``link``'s window factors open at ``t`` (1.0: its whole-run bandwidth)."""
-        f = 1.0
-        for w_start, w_end, factor in self.windows.get(link, ()):
-            if w_start <= t < w_end:
-                f *= factor
-        return f
+    def slow_link_busy(self, topo, now_ns: int, scale: int = 1) -> list[list[int]]:
+        """Per ``topo.slow_links`` entry, ``[busy_ns, nominal_ns]`` over its links so far: their busy
+        time, and the time their bytes needed at the links' nominal bandwidth (no slow-link
+        factor); the difference is the time the degradation cost those links. A link of several
+        entries counts in each, except in a window that has not opened by ``now_ns`` (zeros).
+        ``scale`` multiplies the links above the scale-up tier (the rails a folded run replicates
+        at the end)."""
+        out = []
+        for entry in topo.slow_links:
+            busy = nominal = 0.0
+            if entry["start_s"] is not None and now_ns < round(entry["start_s"] * 1e9):
+                out.append([0, 0])
+                continue
+            for link in entry["links"]:
+                if self.messages[link]:
+                    f = 1 if topo.link_tier[link] == 0 else scale
+                    busy += self.busy_ns[link] * f
+                    nominal += self.bytes[link] / (self.bw[link] / topo.link_factor.get(link, 1.0)) * f
+            out.append([int(busy), round(nominal)])
+        return out

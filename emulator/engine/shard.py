@@ -575,7 +575,11 @@ class Shard(CollectiveExecution):
         the time messages waited for a busy link; ``collective_ns`` ``{kind: [ns, calls]}`` summed
         over members; ``behind`` the unfinished ranks whose latest operation ended earliest and
         ``busiest`` the ranks with the most compute, as ``[rank, ns]``; ``compiling`` whether the
-        compiled collective engine is still being loaded or compiled.
+        compiled collective engine is still being loaded or compiled. Faults (emulator/faults.py):
+        ``compute_lost_ns`` the compute the GPU faults added (charged minus nominal, all hosted
+        ranks), ``stragglers`` the ranks that lost the most as ``[rank, compute ns, lost ns]``,
+        ``slow_links`` ``[busy ns, nominal ns]`` per ``faults.slow_link`` entry
+        (LinkModel.slow_link_busy).
         """
         from emulator.engine.netcore import kernels_compiling
 
@@ -614,6 +618,8 @@ class Shard(CollectiveExecution):
         running = [g for g in gpus if not (g.finished and g.outstanding == 0)]
         behind = heapq.nsmallest(slow_ranks, running, key=lambda g: (g.last_time, g.rank))
         busiest = heapq.nsmallest(slow_ranks, gpus, key=lambda g: (-g.compute_ns, g.rank))
+        lost = [(r, ns) for r, ns in self.compute_lost_ns.items() if ns > 0]
+        stragglers = heapq.nsmallest(slow_ranks, lost, key=lambda pair: (-pair[1], pair[0]))
         busy_ns, queued_ns = stats.link_busy_ns, self.links.queued_ns
         tiers = len(topo.tier_names)
         tier_busy, tier_queued, tier_waits = [0] * tiers, [0] * tiers, [0] * tiers
@@ -659,6 +665,9 @@ class Shard(CollectiveExecution):
             "behind": [[g.rank, g.last_time] for g in behind],
             "busiest": [[g.rank, g.compute_ns] for g in busiest],
             "compiling": kernels_compiling(),
+            "compute_lost_ns": sum(self.compute_lost_ns.values()),
+            "stragglers": [[r, self.gpus[r].compute_ns, lost] for r, lost in stragglers],
+            "slow_links": self.links.slow_link_busy(topo, self.now, fold) if topo.slow_links else [],
         }
 
     def blocked(self) -> list[dict]:
