@@ -57,12 +57,16 @@ def target_ranks(fault, topo) -> list[int]:
 
 def breaks_symmetry(config) -> bool:
     """Whether the faults make ranks of a tensor group differ: slow GPUs, jitter, or slow links
-    other than whole tiers (a tier slows every rail alike)."""
+    other than whole tiers (a tier slows every rail alike); or a time window on the scale-up
+    tier, which sends one-node groups down the message-level path (Shard._even_ports), where a
+    folded tensor group cannot go."""
     faults = getattr(config, "faults", None)
     if faults is None or not faults.active:
         return False
     jitter = faults.jitter is not None and faults.jitter.sigma > 0
-    return bool(faults.slow_gpu or faults.fail) or jitter or any(f.tier is None for f in faults.slow_link)
+    scale_up = {group.scale_up.name for group in config.cluster.groups()}
+    windowed = any(f.tier in scale_up and (f.start_s is not None or f.end_s is not None) for f in faults.slow_link)
+    return bool(faults.slow_gpu or faults.fail) or jitter or windowed or any(f.tier is None for f in faults.slow_link)
 
 
 class _Jitter:

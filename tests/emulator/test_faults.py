@@ -213,9 +213,13 @@ def test_workload_faults_identical_across_shards_and_folding_off():
     config = load_run(path, overrides)
     assert fold_factor(config, Topology(config.cluster)) == 1
     assert fold_factor(load_run(path, overrides[:4]), Topology(config.cluster)) == 8
-    # a whole tier slows every rail alike: folding stays on
-    tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5}]"])
+    # a whole tier slows every rail alike: folding stays on, but not for a window on the scale-up
+    # tier (one-node groups then run message by message)
+    tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5, start_s: 0}]"])
     assert fold_factor(tier, Topology(tier.cluster)) == 8
+    window = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: nvswitch, factor: 0.5, end_s: 0.1}]"])
+    assert fold_factor(window, Topology(window.cluster)) == 1
+    assert execute(window)[0]["iteration_time_s"] > execute(load_run(path, overrides[:4]))[0]["iteration_time_s"]
     prints = {execute(config, shards=shards)[0]["fingerprint"] for shards in (1, 2, 4)}
     assert len(prints) == 1
 
