@@ -157,16 +157,9 @@ class LinkModel:
             return self.finish_ns(links, size, start)
         return start + int(-(-size // side_bw))
 
-    def reserve(self, links, size: int, arrival: int) -> int:
-        """Queue ``size`` bytes on ``links`` (FIFO): they start when every link is free, not before
-        ``arrival``; each link is busy until it has carried them. Returns the start."""
-        start, blocker = self.start_of(links, arrival)
-        self._occupy(links, size, start, arrival, blocker)
-        return start
-
     def start_of(self, links, arrival: int) -> tuple[int, int]:
-        """When ``links`` are all free (not before ``arrival``), and the link free last (-1: none
-        held the message back)."""
+        """FIFO: when ``links`` are all free (not before ``arrival``), and the link free last (-1:
+        none held the message back)."""
         free = self.free_py
         start = arrival
         blocker = -1
@@ -177,6 +170,7 @@ class LinkModel:
         return start, blocker
 
     def _occupy(self, links, size: int, start: int, arrival: int, blocker: int) -> None:
+        """``size`` bytes on ``links`` from ``start``: each link is busy until it has carried them."""
         wait = start - arrival
         if blocker >= 0:
             self.queued_ns[blocker] += wait
@@ -217,14 +211,22 @@ class LinkModel:
         its tail leave; None when a link of the route is down at ``t`` (the message is lost)."""
         if self.down_ns and self.lost(route, t):
             return None
-        start = self.reserve(route.up, size, t)
-        return start, self.side_ns(route.up, route.up_bw, size, start)
+        up = route.up
+        start, blocker = self.start_of(up, t)
+        self._occupy(up, size, start, t, blocker)
+        if self.windows:
+            return start, self.side_ns(up, route.up_bw, size, start)
+        return start, start + int(-(-size // route.up_bw))  # the common case, without a call
 
     def receive(self, route, size: int, t: int, end_up: int) -> int | None:
         """The message's hand-over at ``t`` to its route's down links: its delivery time, or None
         when a link of the route is down by then (lost; the down links are not occupied)."""
         start, blocker = self.start_of(route.down, t)
-        delivery = max(end_up + route.latency_ns, self.side_ns(route.down, route.down_bw, size, start))
+        if self.windows:
+            end_down = self.side_ns(route.down, route.down_bw, size, start)
+        else:
+            end_down = start + int(-(-size // route.down_bw))
+        delivery = max(end_up + route.latency_ns, end_down)
         if self.down_ns and self.lost(route, delivery):
             return None
         self._occupy(route.down, size, start, t, blocker)
