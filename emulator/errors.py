@@ -7,15 +7,20 @@ exits with code 2. Internal invariants use ``assert`` and are bugs, never user e
 
 from __future__ import annotations
 
+# the base and the config error are raised by the network model too, which must not import the
+# engine: they are defined there (netmodel/errors.py) and are the same classes here
+from netmodel.errors import ConfigError, EmulatorError
 
-class EmulatorError(Exception):
-    """Base of every user-fixable error; the CLI prints it as one line and exits 2."""
-
-    exit_code = 2
-
-
-class ConfigError(EmulatorError):
-    """Invalid configuration: the message names the key path (``cluster.nodes``)."""
+__all__ = [
+    "BackendError",
+    "CollectiveMismatchError",
+    "ConfigError",
+    "DeadlockError",
+    "EmulatorError",
+    "FailureError",
+    "OutOfMemoryError",
+    "ProgramError",
+]
 
 
 class ProgramError(EmulatorError):

@@ -11,13 +11,14 @@ two places, each the single place the quantity is decided:
   lengthens that kernel (:meth:`ComputeFaults.window_factor`). The lookahead
   (emulator/engine/lookahead.py) bounds starts with the launch-time duration, which is never
   longer than the charged one, so its bounds stay lower bounds.
-- links: netmodel/topology.py scales ``link_bw`` once, so every engine path sees the same figures.
+- links: the link model (netmodel/links.py) is the one place degraded links (for the whole run
+  or a time window) and failed links act, on every engine path.
 - failures (``fail``): :class:`Failures`, one map of failed ranks and links with their times, the
   same on every shard. From its failure time on, a failed GPU processes no event, and a message
   whose route holds a link that is down when it is sent (or goes down before it is delivered) is
-  lost: the sender's operation never ends and the receiver never gets it (Shard._inject,
-  Shard._handover; the intra-node closed form loses the whole call when a port of the group is
-  down before its end). Ranks that need what was lost block; when the run has nothing left to do,
+  lost (netmodel/links.py): the sender's operation never ends and the receiver never gets it
+  (the intra-node closed form loses the whole call when a port of the group is down before its
+  end). Ranks that need what was lost block; when the run has nothing left to do,
   emulator/engine/diagnose.py reports the hang as a :class:`~emulator.errors.FailureError` at the
   time the collective timeout fires. Losing messages and events only removes sends, so the
   lookahead's lower bounds stay lower bounds. A failure runs collectives on the Python reference
@@ -56,12 +57,16 @@ def target_ranks(fault, topo) -> list[int]:
 
 def breaks_symmetry(config) -> bool:
     """Whether the faults make ranks of a tensor group differ: slow GPUs, jitter, or slow links
-    other than whole tiers (a tier slows every rail alike)."""
+    other than whole tiers (a tier slows every rail alike); or a time window on the scale-up
+    tier, which sends one-node groups down the message-level path (Shard._even_ports), where a
+    folded tensor group cannot go."""
     faults = getattr(config, "faults", None)
     if faults is None or not faults.active:
         return False
     jitter = faults.jitter is not None and faults.jitter.sigma > 0
-    return bool(faults.slow_gpu or faults.fail) or jitter or any(f.tier is None for f in faults.slow_link)
+    scale_up = {group.scale_up.name for group in config.cluster.groups()}
+    windowed = any(f.tier in scale_up and (f.start_s is not None or f.end_s is not None) for f in faults.slow_link)
+    return bool(faults.slow_gpu or faults.fail) or jitter or windowed or any(f.tier is None for f in faults.slow_link)
 
 
 class _Jitter:
@@ -183,23 +188,6 @@ class Failures:
                 entries.append((f"link {fault.link}", at_ns, [], [link]))
         return cls(entries, round(faults.collective_timeout_s * 1e9))
 
-    def lost(self, route, t: int) -> bool:
-        """Whether a link of ``route`` is down at ``t``."""
-        link_ns = self.link_ns
-        for link in route.up:
-            at = link_ns.get(link)
-            if at is not None and at <= t:
-                return True
-        for link in route.down:
-            at = link_ns.get(link)
-            if at is not None and at <= t:
-                return True
-        return False
-
-    def links_down(self, links, t: int) -> bool:
-        link_ns = self.link_ns
-        return any(link in link_ns and link_ns[link] <= t for link in links)
-
     def report(self) -> dict:
         """Plain data for the hang report (emulator/engine/diagnose.py), the same on every shard."""
         return {
@@ -225,7 +213,13 @@ def applied_faults(faults, topo) -> dict | None:
         out["jitter"] = {"sigma": j.sigma, "ranks": "all" if len(ranks) == topo.world_size else ranks}
     if faults.slow_link:
         out["slow_link"] = [
-            {"links": [topo.link_name[i] for i in links], "factor": factor} for _, links, factor in topo.slow_links
+            {
+                "links": [topo.link_name[i] for i in a["links"]],
+                "factor": a["factor"],
+                "start_s": a["start_s"],
+                "end_s": a["end_s"],
+            }
+            for a in topo.slow_links
         ]
     failures = Failures.for_faults(faults, topo)
     if failures is not None:

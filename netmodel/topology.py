@@ -11,11 +11,11 @@ Links (each a FIFO server with a bandwidth) and who owns them:
   of its node). Modelling oversubscription as per-NIC shares keeps every link owned by one node,
   hence by one shard (ARCHITECTURE.md), and keeps the rails of a node independent.
 
-Degraded links (``faults.slow_link`` of the run file, emulator/faults.py) are applied here, once,
-to ``link_bw``: every user of the topology (both collective engines, the intra-node closed form,
-the lookahead, links.csv) then sees the same bandwidths. They travel with the cluster config as
-``cluster.faults`` (set when the run config is validated) because the topology is built from the
-cluster in several processes (the run, each Ray shard, the monitor).
+Degraded links (``faults.slow_link`` of the run file) are resolved when the topology is built
+(netmodel/links.py: whole-run factors scale ``link_bw``, windowed ones become ``link_windows``).
+They travel with the cluster config as ``cluster.faults`` (set when the run config is validated)
+because the topology is built from the cluster in several processes (the run, each Ray shard, the
+monitor).
 
 A message takes the lowest tier connecting its endpoints; its path splits into an *up* part owned
 by the sender's node and a *down* part owned by the receiver's node.
@@ -25,14 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.config import limits as lim
-from emulator.config.cluster import ClusterConfig
-from emulator.errors import ConfigError
+from netmodel.links import resolve_slow_links
+from netmodel.spec import ClusterConfig
 
-# the slowest link any valid cluster has: a 100 Mb/s NIC at the least efficiency, shared by the
-# largest oversubscription (bytes per ns); a degraded link must not go below it, so that the int64
-# headroom argued in emulator/config/limits.py still holds
-MIN_LINK_BYTES_PER_NS = lim.MIN_BANDWIDTH_GBITPS / 8 * lim.MIN_EFFICIENCY / lim.MAX_TOTAL_OVERSUBSCRIPTION
 SCALE_UP_TIER = 0  # tier index of the intra-node fabric; switch tier k has index k + 1
 
 
@@ -66,12 +61,14 @@ class Topology:
         self.node_first_rank: list[int] = []
         self.node_gpus: list[int] = []
         self._build()
-        # link -> product of the slow-link factors applied to it (absent: nominal bandwidth)
+        # link -> product of the whole-run slow-link factors applied to it (absent: nominal bandwidth)
         self.link_factor: dict[int, float] = {}
-        self.slow_links: list[tuple[str, list[int], float]] = []  # (key path, links, factor) as applied
+        # link -> its slow-link time windows, (start_ns, end_ns, factor) (netmodel/links.py)
+        self.link_windows: dict[int, list[tuple[int, int, float]]] = {}
+        self.slow_links: list[dict] = []  # the slow-link entries as applied (resolve_slow_links)
         self.faults = getattr(cluster, "faults", None)  # the run's FaultsConfig, if any
         if self.faults is not None:
-            self._apply_slow_links(self.faults.slow_link)
+            resolve_slow_links(self, self.faults.slow_link)
         self._routes: dict[tuple[int, int], Route] = {}
 
     # -- construction -------------------------------------------------------------------------
@@ -133,34 +130,6 @@ class Topology:
                 self.up.append(ups)
                 self.down.append(downs)
                 node += 1
-
-    def _apply_slow_links(self, faults: list) -> None:
-        """Scale the bandwidth of the links each entry selects: ``links`` (names), a ``nic`` (its tx
-        and rx) or a ``tier`` (every link of it); factors of entries on one link multiply."""
-        by_name = {name: i for i, name in enumerate(self.link_name)} if faults else {}
-        for index, fault in enumerate(faults):
-            path = f"faults.slow_link[{index}]"
-            if fault.links is not None:
-                links = [by_name[name] for name in fault.links]  # names were checked against the cluster
-            elif fault.nic is not None:
-                node, nic = fault.nic.node, fault.nic.index
-                links = [self.nic_tx[node][nic], self.nic_rx[node][nic]]
-            else:
-                tiers = {k for k, name in enumerate(self.tier_names) if name == fault.tier}
-                if fault.tier in {g.scale_up.name for g in self.groups}:
-                    tiers.add(0)  # every node group's scale-up fabric, whatever the first one's name
-                links = [i for i, tier in enumerate(self.link_tier) if tier in tiers]
-            factor = fault.factor
-            self.slow_links.append((path, links, factor))
-            for link in links:
-                self.link_factor[link] = self.link_factor.get(link, 1.0) * factor
-                self.link_bw[link] *= factor
-                if self.link_bw[link] < MIN_LINK_BYTES_PER_NS:
-                    raise ConfigError(
-                        f"{path}.factor: {factor:g} takes {self.link_name[link]} to "
-                        f"{self.link_bw[link] * 1e9:.3g} B/s, below the slowest link the emulator allows "
-                        f"({MIN_LINK_BYTES_PER_NS * 1e9:.3g} B/s, emulator/config/limits.py)"
-                    )
 
     # -- queries ------------------------------------------------------------------------------
     @property

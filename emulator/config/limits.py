@@ -1,4 +1,5 @@
-"""Upper and lower bounds on every size in a run file, and why each is where it is.
+"""Upper and lower bounds on every size in a run file, and why each is where it is (the cluster's
+and the network's are defined in netmodel/limits.py and re-exported here).
 
 A value outside these bounds is a :class:`~emulator.errors.ConfigError` naming its key path, raised
 while the config is loaded: before anything allocates per rank, builds a schedule, or turns a
@@ -19,20 +20,38 @@ of virtual time) means millions of entries and gigabytes of host memory. 100 Mb/
 
 from __future__ import annotations
 
-MAX_WORLD_SIZE = 2**20  # GPUs in the cluster: 1,048,576 (10x the largest clusters built)
-MAX_NODES = 2**20
-MAX_GPUS_PER_NODE = 1024  # NVL576-class racks count as one scale-up node
-MAX_NICS_PER_NODE = 64
+# the cluster's and the network's bounds live with the network model (which must not import the
+# engine); the run file's other bounds follow
+from netmodel.limits import (
+    MAX_BANDWIDTH_GBITPS,
+    MAX_BANDWIDTH_GBPS,
+    MAX_GPUS_PER_NODE,
+    MAX_LATENCY_US,
+    MAX_NICS_PER_NODE,
+    MAX_NODES,
+    MAX_TIERS,
+    MAX_TOTAL_OVERSUBSCRIPTION,
+    MAX_WORLD_SIZE,
+    MIN_BANDWIDTH_GBITPS,
+    MIN_BANDWIDTH_GBPS,
+    MIN_EFFICIENCY,
+)
 MAX_JOBS = 1024  # jobs sharing one cluster (jobs:); each is validated as a run of its own
-MAX_TIERS = 8  # switch tiers above the scale-up fabric
-MAX_TOTAL_OVERSUBSCRIPTION = 64.0  # product of the tiers' oversubscription (3:1 over three tiers is 27)
 
-MIN_BANDWIDTH_GBPS = 0.01  # scale-up, 10^9 bytes/s: 10 MB/s
-MIN_BANDWIDTH_GBITPS = 0.1  # NIC, 10^9 bits/s: 100 Mb/s Ethernet
-MAX_BANDWIDTH_GBPS = 1e6  # 1 PB/s per port: beyond any fabric, keeps bytes/ns finite and sane
-MAX_BANDWIDTH_GBITPS = 8e6
-MIN_EFFICIENCY = 0.05
-MAX_LATENCY_US = 1e6  # one second per message
+__all__ = [
+    "MAX_BANDWIDTH_GBITPS",
+    "MAX_BANDWIDTH_GBPS",
+    "MAX_GPUS_PER_NODE",
+    "MAX_LATENCY_US",
+    "MAX_NICS_PER_NODE",
+    "MAX_NODES",
+    "MAX_TIERS",
+    "MAX_TOTAL_OVERSUBSCRIPTION",
+    "MAX_WORLD_SIZE",
+    "MIN_BANDWIDTH_GBITPS",
+    "MIN_BANDWIDTH_GBPS",
+    "MIN_EFFICIENCY",
+]
 
 MAX_SEQ_LENGTH = 2**24
 MAX_HIDDEN_SIZE = 2**20

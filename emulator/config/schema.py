@@ -149,17 +149,22 @@ class SlowGpuFault:
     def validate(self, path: str) -> None:
         require_range(self, path, "factor", lim.MIN_FAULT_FACTOR, 1)
         require_targets(self, path, required=True)
-        require_range(self, path, "start_s", 0, lim.MAX_FAULT_TIME_S)
-        require_range(self, path, "end_s", 0, lim.MAX_FAULT_TIME_S)
-        if self.start_s is not None and self.end_s is not None:
-            require(
-                self.end_s > self.start_s,
-                f"{path}: end_s ({self.end_s:g}) must be after start_s ({self.start_s:g})",
-            )
+        require_window(self, path)
 
     @property
     def windowed(self) -> bool:
         return self.start_s is not None or self.end_s is not None
+
+
+def require_window(fault, path: str) -> None:
+    """A fault's optional time window ``[start_s, end_s)``: within the bounds, end after start."""
+    require_range(fault, path, "start_s", 0, lim.MAX_FAULT_TIME_S)
+    require_range(fault, path, "end_s", 0, lim.MAX_FAULT_TIME_S)
+    if fault.start_s is not None and fault.end_s is not None:
+        require(
+            fault.end_s > fault.start_s,
+            f"{path}: end_s ({fault.end_s:g}) must be after start_s ({fault.start_s:g})",
+        )
 
 
 @dataclass
@@ -190,15 +195,14 @@ class NicRef:
 
 @dataclass
 class SlowLinkFault:
-    """Links at ``factor`` of their bandwidth for the whole run: ``links`` by their ``links.csv``
-    names, a ``nic`` of a node (tx and rx), or a whole ``tier`` (every link of it, both directions)."""
+    """Links at ``factor`` of their bandwidth: ``links`` by their ``links.csv`` names, a ``nic`` of a
+    node (tx and rx), or a whole ``tier`` (every link of it, both directions); for the whole run, or
+    for the bytes they carry inside ``[start_s, end_s)`` (virtual seconds; netmodel/links.py)."""
 
     factor: float
     links: list[str] | None = None
     nic: NicRef | None = None
     tier: str | None = None
-    # refused when given: the compiled collective engine keeps one bandwidth per link for the whole
-    # run, so a window could not be honoured identically by both engines (yet)
     start_s: float | None = None
     end_s: float | None = None
 
@@ -210,12 +214,7 @@ class SlowLinkFault:
             f"{path}: give exactly one of links, nic, tier" + (f" (got {', '.join(chosen)})" if chosen else ""),
         )
         require(self.links != [], f"{path}.links: the list is empty")
-        for key in ("start_s", "end_s"):
-            require(
-                getattr(self, key) is None,
-                f"{path}.{key}: time windows are not supported for slow links (a degraded link keeps its "
-                f"bandwidth for the whole run); remove {key}",
-            )
+        require_window(self, path)
 
 
 @dataclass

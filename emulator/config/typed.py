@@ -15,21 +15,16 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from emulator.errors import ConfigError
 
+# the validation rules are shared with the cluster spec (netmodel/spec.py), below the engine
+from netmodel.rules import MAX_SHOWN_CHARS, require, require_range, shown
+
+__all__ = ["MAX_SHOWN_CHARS", "convert", "from_dict", "require", "require_range", "shown", "shown_key", "to_dict"]
+
 
 def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
         return tp.__name__
     return str(tp).replace("typing.", "")
-
-
-MAX_SHOWN_CHARS = 40  # a value or key quoted in an error: enough to recognise, never a file's content
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to :data:`MAX_SHOWN_CHARS`, for error messages (values may be huge, or
-    the first line of a file that is not a config file)."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
 
 
 def shown_key(key: Any) -> str:
@@ -156,30 +151,3 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise ConfigError(message) unless ``condition``: validation reads as a list of rules."""
-    if not condition:
-        raise ConfigError(message)
-
-
-def require_range(obj: Any, path: str, key: str, low: float, high: float, low_open: bool = False) -> None:
-    """``low <= obj.key <= high`` (``low < obj.key`` with ``low_open``), else a ConfigError naming
-    ``path.key``, the broken bound and the value; None (a default to derive) passes."""
-    value = getattr(obj, key)
-    if value is None:
-        return
-    if value < low or (low_open and value == low):
-        raise ConfigError(f"{path}.{key} must be {'>' if low_open else '>='} {_bound(low)}, got {_bound(value)}")
-    if value > high:
-        raise ConfigError(f"{path}.{key} must be <= {_bound(high)} (the emulator's limit), got {_bound(value)}")
-
-
-def _bound(value: float) -> str:
-    """A bound or a value in a range error: integers in full (cut if huge), floats in %g."""
-    if isinstance(value, float) and not value.is_integer():
-        return f"{value:g}"
-    if isinstance(value, float) and abs(value) >= 1e15:
-        return f"{value:g}"
-    return shown(int(value))

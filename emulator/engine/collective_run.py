@@ -94,27 +94,18 @@ class CollectiveExecution:
             if len(arrived) < arrivals:
                 return
             del self.rendezvous[key]
-        free = self.link_free
-        start = t
-        blocker = -1
-        for link in links:
-            if free[link] > start:
-                start = free[link]
-                blocker = link
-        end = start + duration
-        if self.failures is not None and self.failures.links_down(links, end):
+        # every member's ports are held for the whole collective, from when the last is free
+        held = self.links.hold(links, t, duration, call.n)
+        if held is None:
             # a port of the group is down before the call ends (emulator/faults.py): the whole
             # call is lost, its members never complete; keep them arrived for the hang report
             self.rendezvous[op.c] = list(arrived)
             return
+        start, end = held
         core = self.core
-        if blocker >= 0:  # every member waited for the port that was free last (live figures only)
-            core.note_queued(blocker, start - t, call.n)
         stats = self.stats
         stats.ports(tx, per, msg_bytes, busy, start - t)
         stats.ports(rx, per, msg_bytes, busy, start - t)
-        for link in links:
-            free[link] = end  # every member's ports are held for the whole collective
         stats.messages(0, msg_bytes, call.op, start, messages, end)
         for member, member_op in arrived:
             core.note_collective(member_op, end)  # its end is known now (live figures only)

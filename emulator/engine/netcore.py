@@ -4,8 +4,9 @@ them on request, moves cross-shard messages in and out and adds the kernels' acc
 shard's :class:`~emulator.engine.stats.ShardStats`.
 
 The run tables (runs, channels, segments, transfers, counters) are bump-allocated and reset when
-no collective is active in the shard; the link state and the per-sender message counters are one
-buffer shared with the shard's Python paths.
+no collective is active in the shard; the link state (the link model's, netmodel/links.py: free
+times, bandwidths, slow-link windows) and the per-sender message counters are buffers shared with
+the shard's Python paths.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ from netmodel.topology import Topology
 
 KIND_INDEX = {name: i for i, name in enumerate(OPS)}
 _ARRAYS = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "segs", "xf", "cnt", "rt", "rbw",
-           "lbw", "lfree", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs", "mseq", "outb")  # fmt: skip
+           "lbw", "lfree", "lwp", "lwns", "lwf", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs", "mseq",
+           "outb")  # fmt: skip
 
 
 class NetCore:
@@ -114,19 +116,15 @@ class NetCore:
         self.cnt = np.zeros(size["cnt"], i64)
         self.rt = np.zeros((size["rt"], RT_LINKS + 2 * self.max_links), i64)
         self.rbw = np.zeros((size["rt"], 2), np.float64)
-        self.lbw = np.array(topo.link_bw, np.float64)
-        # link state and message counters are shared with the shard's Python paths: one buffer,
-        # seen by the kernels as numpy arrays and by Python as array.array (whose indexing costs a
-        # quarter of numpy's element access)
-        self.lfree_py = array.array("q", bytes(8 * n_links))
-        self.lfree = np.frombuffer(self.lfree_py, dtype=i64)
+        # the link model's state (netmodel/links.py): bandwidths, the free times it shares with the
+        # shard's Python paths, and the slow-link windows
+        self.links = stats.links
+        self.lbw, self.lfree, self.lwp, self.lwns, self.lwf = self.links.arrays()
         # bytes, busy ns, messages, max wait ns, queueing ns and queued messages (charged to the
-        # link that held a message back: see netkernels._queued)
+        # link that held a message back: see netkernels._queued); flush() adds them to the links'
         self.lstat = np.zeros((6, n_links), i64)
-        # live monitoring only (never read by the engine): queueing per link, as lstat rows 4-5 and
-        # the closed-form path add them; virtual ns and calls per collective kind, summed over members
-        self.link_queued_ns = [0] * n_links
-        self.link_queued_messages = [0] * n_links
+        # live monitoring only (never read by the engine): virtual ns and calls per collective
+        # kind, summed over members
         self.collective_ns: dict[str, list[int]] = {}
         self.tstat = np.zeros((tiers, 2 + HIST), i64)  # bytes, messages, size histogram
         self.khist = np.zeros((len(OPS), HIST), i64)
@@ -134,7 +132,9 @@ class NetCore:
         self.pend = np.zeros((size["pend"], 5), i64)
         self.rank_shard = np.array(rank_shard, i64)
         self.cseqs = np.zeros(world, i64)  # per-rank step counter (part of step keys)
-        self.mseq_py = array.array("q", bytes(8 * world))  # per-sender message counter (point-to-point too)
+        # per-sender message counter (point-to-point too), shared with the shard's Python paths: seen
+        # by Python as array.array, whose indexing costs a quarter of numpy's element access
+        self.mseq_py = array.array("q", bytes(8 * world))
         self.mseq = np.frombuffer(self.mseq_py, dtype=i64)
         self.outb = np.zeros((size["outb"], 14), i64)
         self._rids: dict[tuple[int, int], int] = {}
@@ -285,11 +285,6 @@ class NetCore:
         acc[0] += t_end - op.t_start
         acc[1] += 1
 
-    def note_queued(self, link: int, wait_ns: int, messages: int) -> None:
-        """Live figures: ``messages`` waited ``wait_ns`` each for ``link`` (the closed-form path)."""
-        self.link_queued_ns[link] += wait_ns * messages
-        self.link_queued_messages[link] += messages
-
     def reset_if_idle(self) -> None:
         """No collective in progress: reuse the tables from the start (they only grow otherwise)."""
         st = self.st
@@ -333,7 +328,7 @@ class NetCore:
     def flush(self) -> None:
         """Add the core's accounting to the shard's ShardStats and clear it."""
         stats, lstat = self.stats, self.lstat
-        queued_ns, queued = self.link_queued_ns, self.link_queued_messages
+        queued_ns, queued = self.links.queued_ns, self.links.queued_messages
         for link in np.nonzero(lstat[2])[0].tolist():
             nbytes, busy, messages, wait, waited_ns, waited = (int(v) for v in lstat[:, link])
             queued_ns[link] += waited_ns

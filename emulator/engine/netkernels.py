@@ -247,12 +247,57 @@ def timeline_add(tl, pend, st, tier, size, count, t, t_end, bucket):
         done += part
 
 
+# -- the link model (netmodel/links.py, LinkModel: the same rules, in the same order of operations,
+# so that both engines give the same figures bit for bit) ----------------------------------------
+@njit(cache=True)
+def _finish(lbw, lwp, lwns, lwf, links, size, start):
+    """LinkModel.finish_ns: when ``size`` bytes put on ``links`` at ``start`` have left the slowest
+    of them, the pace piecewise constant between the edges of the links' slow-link windows."""
+    t = start
+    left = np.float64(size)
+    while True:
+        rate = np.inf
+        edge = NO_LIMIT
+        for link in links:
+            f = 1.0
+            for w in range(lwp[link], lwp[link + 1]):
+                w_start, w_end = lwns[w, 0], lwns[w, 1]
+                if w_start <= t < w_end:
+                    f *= lwf[w]
+                    if w_end < edge:
+                        edge = w_end
+                elif t < w_start < edge:
+                    edge = w_start
+            r = lbw[link] * f
+            if r < rate:
+                rate = r
+        if edge >= NO_LIMIT or (edge - t) * rate >= left:
+            return t + np.int64(-((-left) // rate))
+        left -= (edge - t) * rate
+        t = edge
+
+
 @njit(cache=True, inline="always")
-def _reserve(lfree, lstat, lbw, rt, rid, first, count, size, start, arrival):
+def _windowed(lwp, links):
+    """Whether a link of ``links`` has slow-link windows (LinkModel.side_ns's test)."""
+    if lwp[lwp.shape[0] - 1] == 0:
+        return False
+    for link in links:
+        if lwp[link + 1] > lwp[link]:
+            return True
+    return False
+
+
+@njit(cache=True, inline="always")
+def _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, first, count, size, start, arrival):
     wait = start - arrival
+    windows = lwp[lwp.shape[0] - 1] > 0
     for j in range(count):
         link = rt[rid, first + j]
-        dur = np.int64(-((-size) // lbw[link]))
+        if windows and lwp[link + 1] > lwp[link]:
+            dur = _finish(lbw, lwp, lwns, lwf, rt[rid, first + j : first + j + 1], size, start) - start
+        else:
+            dur = np.int64(-((-size) // lbw[link]))
         lfree[link] = start + dur
         lstat[0, link] += size
         lstat[1, link] += dur
@@ -289,8 +334,8 @@ def _write_msg(arr, i, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, 
 
 
 @njit(cache=True)
-def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lstat, tstat, khist, tl, pend, rank_shard, mseq, outb,
-            src, dst, size, rid, gid, cseq, chan, k, sig_lo, sig_hi, kind, t):  # fmt: skip
+def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend, rank_shard, mseq,
+            outb, src, dst, size, rid, gid, cseq, chan, k, sig_lo, sig_hi, kind, t):  # fmt: skip
     """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
     nup = rt[rid, RT_NUP]
     start = t
@@ -300,9 +345,13 @@ def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lstat, tstat, khist, tl, 
         if lfree[link] > start:
             start = lfree[link]
             blocker = link
-    _reserve(lfree, lstat, lbw, rt, rid, RT_LINKS, nup, size, start, t)
+    _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, RT_LINKS, nup, size, start, t)
     _queued(lstat, blocker, start - t)
-    end_up = start + np.int64(-((-size) // rbw[rid, 0]))
+    up = rt[rid, RT_LINKS : RT_LINKS + nup]
+    if _windowed(lwp, up):
+        end_up = _finish(lbw, lwp, lwns, lwf, up, size, start)
+    else:
+        end_up = start + np.int64(-((-size) // rbw[rid, 0]))
     seq = mseq[src] + 1
     mseq[src] = seq
     # accounting (ShardStats.messages): a representative's message stands for ``fold`` of them
@@ -345,7 +394,8 @@ def _mismatch(st, run, rank, peer, sig_lo, sig_hi, t):
 
 
 @njit(cache=True)
-def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lstat, cseqs, m, t):
+def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, cseqs, m,
+              t):  # fmt: skip
     rid = msg[m, M_RID]
     size = msg[m, M_SIZE]
     nup = rt[rid, RT_NUP]
@@ -357,9 +407,14 @@ def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lf
         if lfree[link] > start:
             start = lfree[link]
             blocker = link
-    _reserve(lfree, lstat, lbw, rt, rid, RT_LINKS + nup, ndown, size, start, t)
+    down = rt[rid, RT_LINKS + nup : RT_LINKS + nup + ndown]
+    if _windowed(lwp, down):
+        end_down = _finish(lbw, lwp, lwns, lwf, down, size, start)
+    else:
+        end_down = start + np.int64(-((-size) // rbw[rid, 1]))
+    _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, RT_LINKS + nup, ndown, size, start, t)
     _queued(lstat, blocker, start - t)
-    delivery = max(msg[m, M_ENDUP] + rt[rid, RT_LAT], start + np.int64(-((-size) // rbw[rid, 1])))
+    delivery = max(msg[m, M_ENDUP] + rt[rid, RT_LAT], end_down)
     dst, src = msg[m, M_DST], msg[m, M_SRC]
     gid, cseq, chan, k = msg[m, M_GID], msg[m, M_CSEQ], msg[m, M_CHAN], msg[m, M_K]
     sig_lo, sig_hi = msg[m, M_SIG_LO], msg[m, M_SIG_HI]
@@ -389,8 +444,8 @@ def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lf
 
 
 @njit(cache=True)
-def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lstat, tstat,
-          khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t):  # fmt: skip
+def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+          tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t):  # fmt: skip
     """The channel's next step at ``t`` (its previous one has ended), or its end."""
     run = chans[c, C_RUN]
     seg = chans[c, C_SEG]
@@ -422,9 +477,9 @@ def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, r
         slot = base + xf[x, X_CSLOT]
         k = cnt[slot]
         cnt[slot] = k + 1
-        e = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lstat, tstat, khist, tl, pend, rank_shard, mseq,
-                    outb, rank, xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], gid, cseq, xf[x, X_CHAN], k, sig_lo,
-                    sig_hi, kind, t)  # fmt: skip
+        e = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
+                    rank_shard, mseq, outb, rank, xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], gid, cseq, xf[x, X_CHAN],
+                    k, sig_lo, sig_hi, kind, t)  # fmt: skip
         if e > t_end:
             t_end = e
     pending = 0
@@ -491,8 +546,8 @@ def _set_top(st, heap):
 
 
 @njit(cache=True)
-def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lstat, tstat,
-               khist, tl, pend, rank_shard, cseqs, mseq, outb, l0, l1, l2, l3, l4, horizon):  # fmt: skip
+def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
+               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, l0, l1, l2, l3, l4, horizon):  # fmt: skip
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
     Python heap's top); stop after an event that needs Python (STATUS) or when an array is full."""
     st[STATUS] = OK
@@ -506,25 +561,26 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
         _pop(heap, st)
         st[EVENTS] += 1
         if kind == EV_HANDOVER:
-            _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lstat, cseqs, payload, t)
+            _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+                      cseqs, payload, t)  # fmt: skip
         else:
-            _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lstat,
-                  tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, payload, t)  # fmt: skip
+            _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
+                  lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, payload, t)  # fmt: skip
         if st[STATUS] != OK:
             break
     _set_top(st, heap)
 
 
 @njit(cache=True)
-def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lstat, tstat,
-              khist, tl, pend, rank_shard, cseqs, mseq, outb, run, t):  # fmt: skip
+def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
+              lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, run, t):  # fmt: skip
     """A member starts a collective at ``t``: the first step of each of its channels, in order."""
     st[STATUS] = OK
     st[ACTIVE] += 1
     lo = runs[run, R_CLO]
     for c in range(lo, lo + runs[run, R_NCH]):
-        _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lstat, tstat,
-              khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t)  # fmt: skip
+        _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
+              lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t)  # fmt: skip
         if st[STATUS] != OK:
             break
     _set_top(st, heap)

@@ -9,6 +9,8 @@ message - even inside a node - reaches its receiver through a *handover* event a
 
 Messages: the sender reserves its up-links (FIFO, cut-through) at send time; the receiver reserves
 its down-links at the handover; delivery is ``max(end_up + latency, start_down + size/bw_down)``.
+These rules, degraded and failed links included, are the link model's (netmodel/links.py), which
+holds the shard's link state for both collective engines.
 
 Message-level collectives run in the compiled core (emulator/engine/netcore.py, netkernels.py), which keeps its own
 heap of the same keyed events; :meth:`Shard.run_until` merges the two heaps by key, so that the
@@ -42,6 +44,7 @@ from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
 from netmodel.collectives.analytic import ANALYTIC
+from netmodel.links import LinkModel
 
 
 class Shard(CollectiveExecution):
@@ -64,17 +67,18 @@ class Shard(CollectiveExecution):
         self.run_config = run_config
         self.max_ahead = settings.max_ops_ahead
         self.heap: list = []
-        self.stats = ShardStats(topo, settings.timeline_bucket_ns)
+        self.failures = Failures.for_faults(settings.faults, topo)
+        self.fail_from_ns = self.failures.first_ns if self.failures is not None else INF
+        # the shard's links: state, rules and totals, shared by every path that sends messages
+        self.links = LinkModel(topo, self.failures.link_ns if self.failures is not None else None)
+        self.stats = ShardStats(topo, settings.timeline_bucket_ns, self.links)
         # message-level collectives run in the compiled core (netcore.py) unless the reference
         # Python path is asked for; both share the link state and the per-sender message counters
         self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
-        # a node or link failure (emulator/faults.py) is honoured on the Python path only: the
-        # compiled core keeps no failure state (both give the same results, the Python path slower)
-        self.failures = Failures.for_faults(settings.faults, topo)
-        self.fail_from_ns = self.failures.first_ns if self.failures is not None else INF
+        # a node or GPU failure (emulator/faults.py) is honoured on the Python path only: the
+        # compiled core keeps no failed-GPU state (both give the same results, the Python path slower)
         self.compiled = settings.collective_engine == "compiled" and self.failures is None
-        self.link_free = self.core.lfree_py
         self.mseq = self.core.mseq_py
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
@@ -185,11 +189,15 @@ class Shard(CollectiveExecution):
         the intra-node fast path paces the group by its slowest port and charges every port alike:
         exact for even ports only, so a group with a degraded port takes the message-level path."""
         topo = self.topo
-        if tier != 0 or not topo.link_factor:
+        if tier != 0 or not (topo.link_factor or topo.link_windows):
             return True
-        bw = topo.link_bw
+        bw, windows = topo.link_bw, topo.link_windows
         first = bw[topo.su_tx[ranks[0]]]
-        return all(bw[topo.su_tx[r]] == first and bw[topo.su_rx[r]] == first for r in ranks)
+        return all(
+            bw[topo.su_tx[r]] == first and bw[topo.su_rx[r]] == first
+            and topo.su_tx[r] not in windows and topo.su_rx[r] not in windows
+            for r in ranks
+        )  # fmt: skip
 
     def world_group(self) -> Group:
         if self._world is None:
@@ -397,15 +405,10 @@ class Shard(CollectiveExecution):
         when a link of its route is down (the message is lost: its sender never sees it leave)."""
         src = gpu.rank
         route = self.topo.route(src, dst)
-        if self.failures is not None and self.failures.lost(route, t):
+        sent = self.links.send(route, size, t)
+        if sent is None:
             return None
-        free = self.link_free
-        start = t
-        for link in route.up:
-            if free[link] > start:
-                start = free[link]
-        self.stats.reserve(route.up, size, start, t, free)
-        end_up = start + int(-(-size // route.up_bw))
+        start, end_up = sent
         mseq = self.mseq
         seq = mseq[src] + 1
         mseq[src] = seq
@@ -436,16 +439,9 @@ class Shard(CollectiveExecution):
 
     def _handover(self, rec: tuple, t: int) -> None:
         _, dst, src, _, size, end_up, gid, seq, chan, k, sig = rec
-        route = self.topo.route(src, dst)
-        free = self.link_free
-        start = t
-        for link in route.down:
-            if free[link] > start:
-                start = free[link]
-        delivery = max(end_up + route.latency_ns, start + int(-(-size // route.down_bw)))
-        if self.failures is not None and self.failures.lost(route, delivery):
+        delivery = self.links.receive(self.topo.route(src, dst), size, t, end_up)
+        if delivery is None:
             return  # a link of its route went down before it was delivered: lost
-        self.stats.reserve(route.down, size, start, t, free)
         gpu = self.gpus[dst]
         key = (gid, seq, chan, src, k)
         waiter = gpu.waiters.pop(key, None)
@@ -583,7 +579,11 @@ class Shard(CollectiveExecution):
         the time messages waited for a busy link; ``collective_ns`` ``{kind: [ns, calls]}`` summed
         over members; ``behind`` the unfinished ranks whose latest operation ended earliest and
         ``busiest`` the ranks with the most compute, as ``[rank, ns]``; ``compiling`` whether the
-        compiled collective engine is still being loaded or compiled.
+        compiled collective engine is still being loaded or compiled. Faults (emulator/faults.py):
+        ``compute_lost_ns`` the compute the GPU faults added (charged minus nominal, all hosted
+        ranks), ``stragglers`` the ranks that lost the most as ``[rank, compute ns, lost ns]``,
+        ``slow_links`` ``[busy ns, nominal ns]`` per ``faults.slow_link`` entry
+        (LinkModel.slow_link_busy).
         """
         from emulator.engine.netcore import kernels_compiling
 
@@ -621,10 +621,12 @@ class Shard(CollectiveExecution):
         running = [g for g in gpus if not (g.finished and g.outstanding == 0)]
         behind = heapq.nsmallest(slow_ranks, running, key=lambda g: (g.last_time, g.rank))
         busiest = heapq.nsmallest(slow_ranks, gpus, key=lambda g: (-g.compute_ns, g.rank))
-        busy_ns, queued_ns = stats.link_busy_ns, core.link_queued_ns
+        lost = [(r, ns) for r, ns in self.compute_lost_ns.items() if ns > 0]
+        stragglers = heapq.nsmallest(slow_ranks, lost, key=lambda pair: (-pair[1], pair[0]))
+        busy_ns, queued_ns = stats.link_busy_ns, self.links.queued_ns
         tiers = len(topo.tier_names)
         tier_busy, tier_queued, tier_waits = [0] * tiers, [0] * tiers, [0] * tiers
-        for tier, busy, q, w in zip(topo.link_tier, busy_ns, queued_ns, core.link_queued_messages, strict=True):
+        for tier, busy, q, w in zip(topo.link_tier, busy_ns, queued_ns, self.links.queued_messages, strict=True):
             f = 1 if tier == 0 else fold  # rails are replicated at the end
             tier_busy[tier] += busy * f
             tier_queued[tier] += q * f
@@ -666,6 +668,9 @@ class Shard(CollectiveExecution):
             "behind": [[g.rank, g.last_time] for g in behind],
             "busiest": [[g.rank, g.compute_ns] for g in busiest],
             "compiling": kernels_compiling(),
+            "compute_lost_ns": sum(self.compute_lost_ns.values()),
+            "stragglers": [[r, self.gpus[r].compute_ns, lost] for r, lost in stragglers],
+            "slow_links": self.links.slow_link_busy(topo, self.now, fold) if topo.slow_links else [],
         }
 
     def blocked(self) -> list[dict]:

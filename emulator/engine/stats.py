@@ -1,21 +1,27 @@
-"""Per-link and per-tier traffic accounting of one shard (merged across shards at the end)."""
+"""Per-link and per-tier traffic accounting of one shard (merged across shards at the end).
+
+The per-link totals are the link model's (netmodel/links.py), which adds to them as messages occupy
+links; this class adds the closed-form path's and the compiled core's shares, and keeps the
+per-tier figures, size histograms and the traffic timeline.
+"""
 
 from __future__ import annotations
+
+from netmodel.links import LinkModel
 
 
 class ShardStats:
     """Bytes, busy time, message counts and queueing per link; bytes and size histogram per tier."""
 
-    __slots__ = ("link_bw", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns", "tier_bytes",
+    __slots__ = ("links", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns", "tier_bytes",
                  "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "port_acc", "core")  # fmt: skip
 
-    def __init__(self, topo, bucket_ns: int = 1_000_000):
-        n = len(topo.link_bw)
-        self.link_bw = topo.link_bw
-        self.link_bytes = [0] * n
-        self.link_busy_ns = [0] * n
-        self.link_messages = [0] * n
-        self.link_max_wait_ns = [0] * n
+    def __init__(self, topo, bucket_ns: int = 1_000_000, links: LinkModel | None = None):
+        self.links = links if links is not None else LinkModel(topo)
+        self.link_bytes = self.links.bytes
+        self.link_busy_ns = self.links.busy_ns
+        self.link_messages = self.links.messages
+        self.link_max_wait_ns = self.links.max_wait_ns
         tiers = len(topo.tier_names)
         self.tier_bytes = [0] * tiers
         self.tier_messages = [0] * tiers
@@ -28,24 +34,6 @@ class ShardStats:
         self.timeline: list[dict[int, int]] = [{} for _ in range(tiers)]
         self.port_acc: dict[tuple, list[int]] = {}  # fast-path port sets -> pending sums (see ports)
         self.core = None  # the shard's NetCore, whose own accounting flush() adds here
-
-    def reserve(self, links, size: int, start: int, arrival: int, free: list) -> None:
-        """Occupy ``links`` from ``start`` for ``size`` bytes each at its own bandwidth (FIFO)."""
-        bw = self.link_bw
-        wait = start - arrival
-        if wait > 0 and self.core is not None:
-            # live queueing figures: charged to the link that held the message back, the one whose
-            # free time set its start (as the compiled kernels do for collectives)
-            blocker = max(links, key=free.__getitem__)
-            self.core.note_queued(blocker, wait, 1)
-        for link in links:
-            dur = int(-(-size // bw[link]))
-            free[link] = start + dur
-            self.link_bytes[link] += size
-            self.link_busy_ns[link] += dur
-            self.link_messages[link] += 1
-            if wait > self.link_max_wait_ns[link]:
-                self.link_max_wait_ns[link] = wait
 
     def ports(self, links: tuple, messages: int, msg_bytes: int, busy_ns: int, wait_ns: int) -> None:
         """Account a fast-path collective on ``links`` (each carries ``messages`` of ``msg_bytes``).

@@ -6,8 +6,8 @@
 renders the latest :class:`~emulator.monitoring.live.Snapshot` at each scrape, so values set from
 the engine thread are never half-updated. Every series carries ``run`` (the run id), so that the
 runs one Prometheus scrapes never mix. Cardinality stays low: other labels are the tier, the
-shard, the pipeline stage, the collective kind, at most ``hot_links`` link names per tier and five
-ranks per rank list - never a pair of GPUs.
+shard, the pipeline stage, the collective kind, at most ``hot_links`` link names per tier, five
+ranks per rank list and one series per ``faults.slow_link`` entry - never a pair of GPUs.
 """
 
 from __future__ import annotations
@@ -97,6 +97,18 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "emulator_hottest_link_bytes": ("gauge", ("link", "tier"), "Bytes through the busiest links of each tier"),
     "emulator_hottest_link_queueing_seconds": (
         "gauge", ("link", "tier"), "Virtual seconds messages waited for the busiest links of each tier"),
+    "emulator_fault_compute_lost_seconds": (
+        "gauge", (), "Compute the GPU faults added so far, all ranks: charged minus nominal (jitter may subtract)"),
+    "emulator_straggler_speed_ratio": (
+        "gauge", ("rank",), "Ranks that lost the most compute to faults (5): nominal over charged compute so far"),
+    "emulator_straggler_lost_compute_seconds": (
+        "gauge", ("rank",), "Ranks that lost the most compute to faults (5): compute seconds lost so far"),
+    "emulator_degraded_link_bandwidth_ratio": (
+        "gauge", ("fault", "target"), "Bandwidth factor of each faults.slow_link entry (target: tier, NIC or links)"),
+    "emulator_degraded_link_active": (
+        "gauge", ("fault", "target"), "1 while a faults.slow_link entry's window holds the virtual time, else 0"),
+    "emulator_degraded_link_lost_seconds": (
+        "gauge", ("fault", "target"), "Busy time of an entry's links beyond what their bytes needed at nominal speed"),
     "emulator_process_cpu_seconds": ("counter", (), "CPU seconds of the emulator's driver process (all threads)"),
     "emulator_process_resident_memory_bytes": ("gauge", (), "Resident memory of the emulator's driver process"),
     "emulator_process_peak_resident_memory_bytes": ("gauge", (), "Peak resident memory of the driver process"),
@@ -117,7 +129,8 @@ class SnapshotCollector:
 
     def __init__(self, run_info: dict[str, str], tier_names: list[str], tier_links: list[int], link_names: list[str],
                  link_tiers: list[int], stage_capacity_bytes: list[int] | None = None,
-                 compiling: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 compiling: Callable[[], bool] | None = None,
+                 slow_links: list[dict] | None = None) -> None:  # fmt: skip
         assert set(run_info) == set(RUN_INFO_LABELS), run_info
         self.run_info = run_info
         self.run = run_info["run_id"]
@@ -127,6 +140,8 @@ class SnapshotCollector:
         self.link_tiers = link_tiers
         self.stage_capacity_bytes = stage_capacity_bytes or []
         self.compiling = compiling
+        # the faults.slow_link entries as applied (Topology.slow_links): target, factor, window
+        self.slow_links = slow_links or []
         self.snapshot = Snapshot()
 
     def _family(self, name: str):
@@ -164,6 +179,7 @@ class SnapshotCollector:
             "emulator_last_iteration_duration_seconds": (
                 snap.iteration_durations_s[-1] if snap.iteration_durations_s else math.nan
             ),
+            "emulator_fault_compute_lost_seconds": snap.compute_lost_s,
             "emulator_process_cpu_seconds": time.process_time(),
             "emulator_process_resident_memory_bytes": rss,
             "emulator_process_peak_resident_memory_bytes": peak_rss,
@@ -193,6 +209,8 @@ class SnapshotCollector:
             "emulator_busiest_rank_compute_seconds": [(str(r), v) for r, v in snap.busiest],
             "emulator_collective_seconds": [(kind, secs) for kind, secs, _ in snap.collectives],
             "emulator_collective_calls": [(kind, calls) for kind, _, calls in snap.collectives],
+            "emulator_straggler_speed_ratio": [(str(r), speed) for r, speed, _ in snap.stragglers],
+            "emulator_straggler_lost_compute_seconds": [(str(r), lost) for r, _, lost in snap.stragglers],
         }
         for name, (_, _, doc) in METRICS.items():
             if name == "emulator_run":
@@ -208,6 +226,7 @@ class SnapshotCollector:
                 for label, value in labelled[name]:
                     family.add_metric([run, label], value)
                 yield family
+        yield from self._slow_links(snap)
         yield self._message_sizes(snap)
         yield self._iterations(snap)
         for name, index in (("emulator_hottest_link_utilisation_ratio", 3), ("emulator_hottest_link_bytes", 1),
@@ -217,6 +236,22 @@ class SnapshotCollector:
                 family.add_metric([run, self.link_names[link[0]], self.tier_names[self.link_tiers[link[0]]]],
                                   link[index])  # fmt: skip
             yield family
+
+    def _slow_links(self, snap: Snapshot) -> Iterator:
+        """Each slow-link entry: its factor, whether its window holds the virtual time now, and
+        the busy time it cost its links so far (absent until a shard has reported it)."""
+        factor, active, lost = (self._family(name) for name in (
+            "emulator_degraded_link_bandwidth_ratio", "emulator_degraded_link_active",
+            "emulator_degraded_link_lost_seconds"))  # fmt: skip
+        now = snap.virtual_time_s
+        for i, entry in enumerate(self.slow_links):
+            labels = [self.run, f"slow_link[{i}]", entry["target"]]
+            start, end = entry["start_s"], entry["end_s"]
+            factor.add_metric(labels, entry["factor"])
+            active.add_metric(labels, float((start is None or start <= now) and (end is None or now < end)))
+            if i < len(snap.slow_link_lost_s):
+                lost.add_metric(labels, snap.slow_link_lost_s[i])
+        yield from (factor, active, lost)
 
     def _message_sizes(self, snap: Snapshot) -> HistogramMetricFamily:
         family = self._family("emulator_message_size_bytes")

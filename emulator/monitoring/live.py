@@ -5,7 +5,7 @@
 The round protocol hands the observer one ``Shard.live_stats()`` dict per shard about every 0.5 s
 of wall time; :class:`LiveState` sums them, remembers what it needs across observations (recent
 speed, iteration ends) and derives the figures users watch: speed, progress, ETA, MFU, tokens/s,
-utilisation and queueing per tier.
+utilisation and queueing per tier, and what faults cost so far (stragglers, degraded links).
 
 Progress. For a model run, the work plan (emulator/monitoring/plan.py) says how much compute every
 rank is charged per iteration; the run's progress is the compute charged so far over that total
@@ -83,6 +83,12 @@ class Snapshot:
     behind: tuple[tuple[int, float], ...] = ()  # (rank, virtual s of its latest op): furthest behind
     busiest: tuple[tuple[int, float], ...] = ()  # (rank, compute s): the most compute charged
     collectives: tuple[tuple[str, float, int], ...] = ()  # (kind, virtual s summed over members, calls)
+    # faults (emulator/faults.py): compute the GPU faults added so far, all ranks (jitter may subtract)
+    compute_lost_s: float = 0.0
+    # (rank, nominal over charged compute so far, compute s lost): the ranks slowed the most (5)
+    stragglers: tuple[tuple[int, float, float], ...] = ()
+    # per faults.slow_link entry: link busy time beyond what its bytes needed at nominal bandwidth
+    slow_link_lost_s: tuple[float, ...] = ()
 
 
 @dataclass
@@ -185,6 +191,9 @@ class LiveState:
             behind=_ranks(stats, "behind", most=False),
             busiest=_ranks(stats, "busiest", most=True),
             collectives=_collectives(stats),
+            compute_lost_s=sum(s.get("compute_lost_ns", 0) for s in stats) / 1e9,
+            stragglers=_stragglers(stats),
+            slow_link_lost_s=_slow_link_lost(stats),
         )
 
     def _progress(self, marks: dict, ranks: int, done: int, v_ns: float, speed: float,
@@ -269,6 +278,24 @@ def _collectives(stats: list[dict]) -> tuple[tuple[str, float, int], ...]:
             acc[0] += ns
             acc[1] += calls
     return tuple((kind, ns / 1e9, calls) for kind, (ns, calls) in sorted(out.items()))
+
+
+def _stragglers(stats: list[dict], count: int = 5) -> tuple[tuple[int, float, float], ...]:
+    """The ``count`` ranks that lost the most compute to faults, from every shard's own list of
+    ``[rank, compute ns, lost ns]``: ``(rank, nominal / charged compute, lost s)``."""
+    rows = sorted((-lost, rank, compute) for s in stats for rank, compute, lost in s.get("stragglers", ()))[:count]
+    return tuple((rank, _ratio(compute + neg_lost, compute), -neg_lost / 1e9) for neg_lost, rank, compute in rows)
+
+
+def _slow_link_lost(stats: list[dict]) -> tuple[float, ...]:
+    """Per slow-link entry: busy minus nominal serialisation time, summed over the shards (each
+    link is reserved by one shard only), in seconds; never below 0 (the nominal time is rounded)."""
+    per_shard = [s["slow_links"] for s in stats if s.get("slow_links")]
+    if not per_shard:
+        return ()
+    busy = _sum_lists([[b for b, _ in entries] for entries in per_shard])
+    nominal = _sum_lists([[n for _, n in entries] for entries in per_shard])
+    return tuple(max(0, b - n) / 1e9 for b, n in zip(busy, nominal, strict=True))
 
 
 def _ratio(part: float, whole: float) -> float:

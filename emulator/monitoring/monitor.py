@@ -61,7 +61,7 @@ class Monitor:
             if backend == "inline":  # kernels compile in this process: a scrape can ask while it blocks
                 from emulator.engine.netcore import kernels_compiling as compiling
             collector = SnapshotCollector(info, topo.tier_names, tier_links, topo.link_name, topo.link_tier,
-                                          _stage_capacity_bytes(config, topo), compiling)  # fmt: skip
+                                          _stage_capacity_bytes(config, topo), compiling, topo.slow_links)  # fmt: skip
             self.exporter = Exporter(collector, port, host)
             self.exporter.publish(self.state.observe(0.0, 0, 0, [], 0))
 

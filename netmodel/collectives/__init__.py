@@ -5,9 +5,9 @@ Adding an algorithm touches its own module and one line here.
 
 from __future__ import annotations
 
-from emulator.errors import ConfigError
 from netmodel.collectives import alltoall, dissemination, halving_doubling, hierarchical, ring, tree
 from netmodel.collectives.base import OPS, Algorithm, CollectiveCall
+from netmodel.errors import ConfigError
 
 ALGORITHMS: dict[str, Algorithm] = {
     algo.name: algo

@@ -44,7 +44,11 @@ NIC_QUARTER = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25}]"
         ("faults.slow_link=[{links: [node0.nic8.rx], factor: 0.5}]", "no link 'node0.nic8.rx'"),
         ("faults.slow_link=[{tier: spine, factor: 0.5}]", "faults.slow_link[0].tier: unknown tier 'spine'"),
         ("faults.slow_link=[{nic: {node: 1, index: 8}, factor: 0.5}]", "node 1 has 8 NICs (0..7), got 8"),
-        ("faults.slow_link=[{tier: ib-spine, factor: 0.5, start_s: 1}]", "time windows are not supported for slow"),
+        (
+            "faults.slow_link=[{tier: ib-spine, factor: 0.5, start_s: 1, end_s: 1}]",
+            "faults.slow_link[0]: end_s (1) must be after start_s (1)",
+        ),
+        ("faults.slow_link=[{tier: ib-spine, factor: 0.5, end_s: 2.0e+9}]", "slow_link[0].end_s must be <= 1000000000"),
         ("faults.slow_link=[{tier: ib-spine, links: [node0.nic0.tx], factor: 0.5}]", "exactly one of links, nic"),
         ("faults.slow_lnk=[]", "did you mean 'slow_link'"),
         ("faults.seed=-1", "faults.seed must be >= 0"),
@@ -154,6 +158,26 @@ def test_degraded_nic_shows_in_links_and_slows_the_all_reduce(tmp_path):
     assert not getattr(cluster, "faults", None)  # the caller's cluster is left as it was
 
 
+NIC_WINDOW = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25, start_s: 0.06, end_s: 0.12}]"
+
+
+def test_slow_link_window_slows_only_the_iteration_inside_it():
+    """node1.nic0 at 25% over [0.06, 0.12) s, the second of three ~0.0588 s iterations: only that
+    iteration's all-reduce is slower (none as slow as with the NIC degraded all run), and the
+    compiled and the Python collective engines agree bit for bit."""
+    base = execute(load_run(DATA_PARALLEL))[0]
+    whole = execute(load_run(DATA_PARALLEL, [NIC_QUARTER]))[0]
+    runs = [execute(load_run(DATA_PARALLEL, [NIC_WINDOW, f"engine.collective_engine={e}"]))[0]
+            for e in ("compiled", "python")]  # fmt: skip
+    assert runs[0]["fingerprint"] == runs[1]["fingerprint"] != base["fingerprint"]
+    first, second, third = runs[0]["iteration_times_s"]
+    assert [first, third] == [base["iteration_times_s"][0], base["iteration_times_s"][2]]
+    assert base["iteration_times_s"][1] < second < whole["iteration_times_s"][1]
+    assert runs[0]["faults"]["slow_link"] == [
+        {"links": ["node1.nic0.tx", "node1.nic0.rx"], "factor": 0.25, "start_s": 0.06, "end_s": 0.12}
+    ]
+
+
 def test_collbench_slow_link_errors():
     cluster = load_cluster("dgx-a100-hdr")
     with pytest.raises(ConfigError, match="expected NAME=FACTOR"):
@@ -168,7 +192,9 @@ EVERY_FAULT = [
     "faults.seed=7",
     "faults.jitter={sigma: 0.1}",
     "faults.slow_gpu=[{ranks: [9], factor: 0.7}, {nodes: [2], factor: 0.8, start_s: 0.02, end_s: 0.1}]",
-    "faults.slow_link=[{links: [node0.nic3.tx], factor: 0.3}, {tier: ib-spine, factor: 0.5}]",
+    "faults.slow_link=[{links: [node0.nic3.tx], factor: 0.3}, {tier: ib-spine, factor: 0.5},"
+    " {nic: {node: 1, index: 2}, factor: 0.25, start_s: 0.06, end_s: 0.12}, {links: [gpu3.nvswitch.rx], factor: 0.5,"
+    " start_s: 0.01}]",
 ]
 
 
@@ -188,9 +214,13 @@ def test_workload_faults_identical_across_shards_and_folding_off():
     config = load_run(path, overrides)
     assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 1
     assert fold_factor(EngineSettings.from_run_config(load_run(path, overrides[:4])), Topology(config.cluster)) == 8
-    # a whole tier slows every rail alike: folding stays on
-    tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5}]"])
+    # a whole tier slows every rail alike: folding stays on, but not for a window on the scale-up
+    # tier (one-node groups then run message by message)
+    tier = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: ib-leaf, factor: 0.5, start_s: 0}]"])
     assert fold_factor(EngineSettings.from_run_config(tier), Topology(tier.cluster)) == 8
+    window = load_run(path, [*overrides[:4], "faults.slow_link=[{tier: nvswitch, factor: 0.5, end_s: 0.1}]"])
+    assert fold_factor(EngineSettings.from_run_config(window), Topology(window.cluster)) == 1
+    assert execute(window)[0]["iteration_time_s"] > execute(load_run(path, overrides[:4]))[0]["iteration_time_s"]
     prints = {execute(config, shards=shards)[0]["fingerprint"] for shards in (1, 2, 4)}
     assert len(prints) == 1
 

@@ -171,3 +171,36 @@ def test_virtual_time_beyond_the_engine_range_is_an_error():
     cluster = load_cluster("dgx-a100-hdr", ["nodes=2", "nic.bandwidth_Gbps=1", "nic.efficiency=0.5"])
     with pytest.raises(EmulatorError, match="over 2\\^62 ns"):
         _bench(cluster, "compiled", "all_reduce", "ring", 16, 1 << 61, bucket_us=1e13)
+
+
+def test_link_model_rules_agree_with_the_kernels():
+    """netmodel/links.py's transfer rule and the kernels' copy give the same end time bit for bit,
+    over random windows (overlapping, open-ended, sub-ns rates), link sets, sizes and starts; and
+    no end is earlier than at the whole-run bandwidth (the lookahead's lower bounds rely on it)."""
+    import random
+
+    import numpy as np
+
+    from emulator.engine.netkernels import _finish
+    from netmodel.links import LinkModel
+
+    rng = random.Random(5)
+    topo = Topology(load_cluster("dgx-a100-hdr", ["nodes=2"]))
+    n = len(topo.link_bw)
+    topo.link_windows = {
+        link: [(start, start + rng.choice([1, 10**3, 10**6, 10**9, 1 << 62]), rng.choice([0.01, 0.3, 0.5, 0.97]))
+               for start in sorted(rng.randrange(0, 10**7) for _ in range(rng.randint(1, 3)))]
+        for link in rng.sample(range(n), n // 3)
+    }  # fmt: skip
+    model = LinkModel(topo)
+    bw, _, ptr, ns, factor = model.arrays()
+    checked = 0
+    for _ in range(3000):
+        links = rng.sample(range(n), rng.randint(1, 3))
+        size = rng.choice([0, 1, 3, 1 << 10, 1 << 20, 1 << 30, rng.randrange(1 << 34)])
+        start = rng.randrange(0, 2 * 10**7)
+        expected = model.finish_ns(links, size, start)
+        assert _finish(bw, ptr, ns, factor, np.array(links, np.int64), size, start) == expected, (links, size, start)
+        assert expected >= start + int(-(-size // min(topo.link_bw[link] for link in links)))
+        checked += any(link in topo.link_windows for link in links)
+    assert checked > 1000

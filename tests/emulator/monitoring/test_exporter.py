@@ -14,7 +14,7 @@ from emulator.monitoring.live import Snapshot
 from tests.emulator.monitoring.helpers import free_port, scrape, start_emulator, stop, wait_for
 
 COUNTS = {"iterations", "expected", "finished", "rounds", "messages", "events", "links", "ranks", "operations",
-          "calls", "status", "compiling"}  # fmt: skip
+          "calls", "status", "compiling", "active"}  # fmt: skip
 INFO = {"run_id": "r", "config": "c", "world_size": "16", "backend": "inline", "shards": "2"}
 SNAP = Snapshot(
     virtual_time_s=1.5, rounds=7, iterations_done=2, iteration_durations_s=(0.5, 0.5),
@@ -25,11 +25,16 @@ SNAP = Snapshot(
     stage_peak_memory_bytes=(1, 2), hot_links=((0, 100, 0.1, 0.07, 0.01),), stage_memory_bytes=(1, 2),
     stage_memory_ratio=(0.1, 0.2), tier_queueing_s=(0.0, 0.25), tier_queued_messages=(0, 3),
     behind=((3, 1.25),), busiest=((5, 1.0),), collectives=(("all_reduce", 0.5, 4),), mfu=0.4, tokens_per_s=10.0,
+    compute_lost_s=0.75, stragglers=((5, 0.5, 0.5), (9, 0.8, 0.25)), slow_link_lost_s=(0.0, 0.125),
 )  # fmt: skip
+# two faults.slow_link entries as applied (Topology.slow_links): a NIC for a window, a tier all run
+SLOW_LINKS = [{"target": "node1.nic0", "links": [3, 4], "factor": 0.25, "start_s": 2.0, "end_s": 3.0},
+              {"target": "leaf", "links": [5], "factor": 0.5, "start_s": None, "end_s": None}]  # fmt: skip
 
 
 def _exposition(snapshot: Snapshot) -> str:
-    collector = SnapshotCollector(INFO, ["nvlink", "leaf"], [4, 2], ["node0.gpu0.tx"], [0], [80, 80])
+    collector = SnapshotCollector(INFO, ["nvlink", "leaf"], [4, 2], ["node0.gpu0.tx"], [0], [80, 80],
+                                  slow_links=SLOW_LINKS)  # fmt: skip
     collector.snapshot = snapshot
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -42,7 +47,8 @@ def test_names_follow_prometheus_conventions():
         assert re.fullmatch(r"emulator_[a-z_]+", name) and doc, name
         assert not name.endswith("_total"), f"{name}: counters are listed without _total"
         assert not re.search(r"_(ms|ns|us|gb|mb|kb|percent)(_|$)", name), name
-        assert set(labels) <= {"tier", "shard", "stage", "link", "rank", "kind", "status", "error", *INFO}, name
+        assert set(labels) <= {"tier", "shard", "stage", "link", "rank", "kind", "status", "error", "fault",
+                               "target", *INFO}, name  # fmt: skip
         assert "run" not in labels, f"{name}: every series gets the run label from the collector"
         unit = name.rsplit("_", 1)[1]
         assert unit in {"seconds", "bytes", "ratio", "second", *COUNTS} or kind == "info", name
@@ -64,6 +70,24 @@ def test_exposition_holds_exactly_the_catalogue():
     assert 'emulator_collective_calls_total{kind="all_reduce",run="r"} 4.0' in text
     assert 'emulator_run_status{run="r",status="running"} 1.0' in text
     assert 'emulator_run_status{run="r",status="failed"} 0.0' in text
+
+
+def test_fault_figures():
+    """Stragglers with their speed and lost compute; each slow-link entry with its factor, whether
+    its window holds the virtual time (1.5 s: the NIC's [2, 3) s does not, the whole-run tier's
+    does) and the time it cost its links."""
+    text = _exposition(SNAP)
+    assert 'emulator_fault_compute_lost_seconds{run="r"} 0.75' in text
+    assert 'emulator_straggler_speed_ratio{rank="5",run="r"} 0.5' in text
+    assert 'emulator_straggler_lost_compute_seconds{rank="9",run="r"} 0.25' in text
+    nic, tier = 'fault="slow_link[0]",run="r",target="node1.nic0"', 'fault="slow_link[1]",run="r",target="leaf"'
+    assert f"emulator_degraded_link_bandwidth_ratio{{{nic}}} 0.25" in text
+    assert f"emulator_degraded_link_active{{{nic}}} 0.0" in text
+    assert f"emulator_degraded_link_active{{{tier}}} 1.0" in text
+    assert f"emulator_degraded_link_lost_seconds{{{tier}}} 0.125" in text
+    later = _exposition(Snapshot(virtual_time_s=2.5, slow_link_lost_s=(0.0, 0.0)))
+    assert f"emulator_degraded_link_active{{{nic}}} 1.0" in later
+    assert "emulator_straggler_speed_ratio{" not in later  # no straggler, no series
 
 
 def test_every_series_carries_the_run_label():

@@ -92,6 +92,33 @@ def test_final_snapshot_matches_summary(shards):
     assert sum(sum(h.values()) for h in snap.tier_size_hist) == sum(result.tier_messages)
 
 
+def test_fault_figures_match_the_results():
+    """Rank 5 at half speed and node 1's NIC 0 at a quarter all run, on 2 shards: the live figures
+    name rank 5 (nominal over charged compute 0.5, its lost compute the results'), the compute lost
+    in all, and the NIC entry's lost link time (busy minus bytes at nominal bandwidth); an entry
+    whose window opens after the run has cost nothing and a windowed GPU fault after it neither."""
+    faults = {"slow_gpu": [{"ranks": [5], "factor": 0.5}, {"ranks": [6], "factor": 0.5, "start_s": 100}],
+              "slow_link": [{"nic": {"node": 1, "index": 0}, "factor": 0.25},
+                            {"tier": "leaf", "factor": 0.5, "start_s": 100}]}  # fmt: skip
+    data = {"program": "inline:p", "cluster": cluster_dict(nodes=4, gpus=4), "faults": faults}
+    config = from_dict(RunConfig, data, "")
+    topo = Topology(config.cluster)
+    recorder = Recorder()
+    result = run_inline(config, topo, 2, observer=recorder, program=staged_program, args={})
+    state = LiveState([topo.link_tier.count(t) for t in range(len(topo.tier_names))], link_tier=topo.link_tier)
+    for rounds, t, stats in recorder.calls:
+        snap = state.observe(1.0 + rounds, rounds, t, stats, recorder.cross)
+    rank5 = result.ranks[5]
+    lost_ns = rank5.compute_ns - rank5.nominal_compute_ns
+    assert lost_ns > 0 and snap.compute_lost_s == lost_ns / 1e9
+    assert snap.stragglers == ((5, pytest.approx(0.5), lost_ns / 1e9),)
+    nic = [topo.nic_tx[1][0], topo.nic_rx[1][0]]
+    busy = sum(result.links[link][1] for link in nic)
+    nominal = sum(result.links[link][0] / (topo.link_bw[link] / 0.25) for link in nic)
+    assert busy > 0 and snap.slow_link_lost_s == (pytest.approx((busy - nominal) / 1e9, abs=1e-9), 0.0)
+    assert snap.slow_link_lost_s[0] == pytest.approx(0.75 * busy / 1e9, rel=1e-5)  # busy: whole ns per message
+
+
 def test_stages_follow_megatron_order():
     """With pipeline 2, ranks 0-7 are stage 0 and 8-15 stage 1 (their peak memory differs)."""
     _, _, result, _, recorder = _run(shards=2, pipeline=2)

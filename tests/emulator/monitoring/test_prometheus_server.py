@@ -65,8 +65,11 @@ def test_every_panel_expression_returns_data(tmp_path):
     except BaseException:
         stop(prom)
         raise
+    # with a straggler and a degraded NIC: the fault panels have data too
     emulator = start_emulator(exporter_port, tmp_path / "run", "--shards", "2", "--set", "cluster.nodes=2",
-                              "--metrics-grace-s", "60", "--set", f"program_args.iterations={ITERATIONS}")  # fmt: skip
+                              "--metrics-grace-s", "60", "--set", f"program_args.iterations={ITERATIONS}",
+                              "--set", "faults.slow_gpu=[{ranks: [1], factor: 0.5}]",
+                              "--set", "faults.slow_link=[{nic: {node: 1}, factor: 0.5}]")  # fmt: skip
     started = time.time()
     try:
         wait_for(lambda: (s := scrape(exporter_port)) and s["emulator_run_finished"] == 1, 180, "the run", emulator)
