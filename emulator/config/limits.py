@@ -36,6 +36,7 @@ from netmodel.limits import (
     MIN_BANDWIDTH_GBPS,
     MIN_EFFICIENCY,
 )
+
 MAX_JOBS = 1024  # jobs sharing one cluster (jobs:); each is validated as a run of its own
 
 __all__ = [
