@@ -55,16 +55,14 @@ def target_ranks(fault, topo) -> list[int]:
     return list(range(topo.world_size))
 
 
-def breaks_symmetry(config) -> bool:
+def breaks_symmetry(faults, scale_up: frozenset[str]) -> bool:
     """Whether the faults make ranks of a tensor group differ: slow GPUs, jitter, or slow links
-    other than whole tiers (a tier slows every rail alike); or a time window on the scale-up
-    tier, which sends one-node groups down the message-level path (Shard._even_ports), where a
-    folded tensor group cannot go."""
-    faults = getattr(config, "faults", None)
+    other than whole tiers (a tier slows every rail alike); or a time window on a scale-up tier
+    (``scale_up``: their names), which sends one-node groups down the message-level path
+    (Shard._even_ports), where a folded tensor group cannot go."""
     if faults is None or not faults.active:
         return False
     jitter = faults.jitter is not None and faults.jitter.sigma > 0
-    scale_up = {group.scale_up.name for group in config.cluster.groups()}
     windowed = any(f.tier in scale_up and (f.start_s is not None or f.end_s is not None) for f in faults.slow_link)
     return bool(faults.slow_gpu or faults.fail) or jitter or windowed or any(f.tier is None for f in faults.slow_link)
 

@@ -30,7 +30,7 @@ def fold_factor(settings, topo) -> int:
         return 1
     if not settings.builtin_workload:
         return 1  # only the built-in workload is symmetric by construction
-    if breaks_symmetry(settings):  # reads settings.faults
+    if breaks_symmetry(settings.faults, settings.scale_up_tiers):
         return 1  # the results must stay exact: a folded group would copy its representative's
     tensor = settings.tensor
     if tensor < 2:

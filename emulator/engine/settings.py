@@ -29,6 +29,7 @@ class EngineSettings:
     fold_tensor_groups: bool = True  # allow symmetry folding (folding.py) where it is exact
     precision: str = "bf16"  # the rate a ``gpu.compute(flops=...)`` kernel runs at
     faults: Any = None  # the run's FaultsConfig (emulator/faults.py reads it); None: no faults
+    scale_up_tiers: frozenset[str] = frozenset()  # names of the scale-up tiers (a fault window there stops folding)
     # the built-in training workload runs (a model and no user program): folding and placement
     # follow its layout; tensor / data / pipeline are the layout of a model run, 1 without a model
     builtin_workload: bool = False
@@ -53,6 +54,7 @@ class EngineSettings:
             fold_tensor_groups=engine.fold_tensor_groups,
             precision=config.training.precision,
             faults=config.faults,
+            scale_up_tiers=frozenset(group.scale_up.name for group in config.cluster.groups()),
             builtin_workload=model_run and config.program is None,
             tensor=parallel.tensor if model_run else 1,
             data=parallel.data if model_run else 1,

@@ -69,7 +69,9 @@ def test_settings_from_a_run_config():
     # a user program with a model: not the built-in workload, but the stages of its model remain
     assert not settings.builtin_workload and settings.tensor == 8
     plain = from_dict(RunConfig, {"program": "x.py:f", "cluster": cluster_dict()}, "")
-    assert EngineSettings.from_run_config(plain) == EngineSettings(faults=plain.faults)
+    scale_up = frozenset(group.scale_up.name for group in plain.cluster.groups())
+    assert scale_up and EngineSettings.from_run_config(plain) == EngineSettings(faults=plain.faults,
+                                                                                scale_up_tiers=scale_up)
 
 
 def _exchange(gpu) -> None:
