@@ -49,3 +49,26 @@ RAJBHANDARI = (
 # Figure 1: model-state memory per GPU (weights, gradients, Adam states in mixed precision: 2 + 2 + 12
 # bytes per parameter) of a 7.5B-parameter model on 64 data-parallel GPUs, in GB (10^9 bytes).
 ZERO_FIGURE1 = {"parameters": 7.5e9, "data_parallel": 64, "gb_by_stage": {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.88}}
+
+# Table 2: activation bytes one transformer layer keeps per tensor rank and microbatch (16-bit
+# activations; s sequence, b micro-batch, h hidden, a heads, t tensor parallel). The formula texts
+# are reference/published.yaml's `formulas.activation_memory_per_layer_bytes`, verbatim, and are
+# evaluated as written (tests/emulator/test_validate.py checks they still match the reference).
+ACTIVATION_PER_LAYER = {
+    "no_parallelism": "s*b*h*(34 + 5*a*s/h)",
+    "tensor_parallel": "s*b*h*(10 + 24/t + 5*a*s/(h*t))",
+    "tensor_and_sequence_parallel": "s*b*h*(34/t + 5*a*s/(h*t))",
+    "tensor_parallel_selective_recompute": "s*b*h*(10 + 24/t)",
+    "tensor_and_sequence_parallel_selective_recompute": "s*b*h*(34/t)",
+    "full_recompute": "s*b*h*2",
+}
+
+# The Table 2 row of each (recompute, sequence parallel) the activation-memory cases run, and their
+# labels. The cases are Table 5's two published configurations of each model, plus the 22B model
+# with selective recompute alone (Table 4's setup); the variants without recomputation need more
+# than the A100's 80 GiB at these sizes, so the emulator stops them as out of memory.
+ACTIVATION_CASES = {
+    ("full", False): ("full_recompute", "full recompute"),
+    ("selective", True): ("tensor_and_sequence_parallel_selective_recompute", "selective + SP"),
+    ("selective", False): ("tensor_parallel_selective_recompute", "selective recompute"),
+}
