@@ -12,17 +12,28 @@
 
 Every call launches work on a stream and returns at once; ``synchronize()`` is the only call that
 waits (and returns the virtual time). Sizes are bytes, times nanoseconds.
+
+Every size and time a program passes is checked where it is passed, so that a wrong one is one line
+naming the rank and the call rather than a hang, a negative time or an overflow deep in the engine:
+sizes are whole numbers of bytes, at least 0; a message or collective buffer is at most the GPU's
+memory (where its buffer lives); a kernel lasts at most :data:`MAX_OP_NS`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from typing import Any
 
 from emulator.engine.ops import ALLOC, COLL, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Allocation, Handle, Op
 from emulator.errors import ProgramError
 from netmodel.collectives import ALGORITHMS, get_algorithm
 from netmodel.collectives.base import OPS, CollectiveCall
+
+# The longest kernel a program may launch: 2**50 ns, 13 days. Real kernels last microseconds to
+# seconds; the bound keeps the sum of millions of ops far inside int64 virtual time.
+MAX_OP_NS = 2**50
 
 ALGO_CODES = {name: i for i, name in enumerate(sorted(ALGORITHMS))}
 OP_CODES = {name: i for i, name in enumerate(OPS)}
@@ -139,9 +150,17 @@ class GPU:
                 duration_ns: int | None = None, stream: str = "compute") -> Handle:  # fmt: skip
         """Launch a kernel of ``flops`` and ``bytes`` of HBM traffic (or an explicit duration)."""
         if duration_ns is None:
+            for label, value in (("flops", flops), ("bytes", bytes)):
+                if not (isinstance(value, numbers.Real) and 0 <= value < math.inf):
+                    raise ProgramError(f"{self._who}: compute({name!r}) {label} must be a finite number >= 0, "
+                                       f"got {value!r}")  # fmt: skip
             duration_ns = self._shard.compute_time_ns(self._gpu, flops, bytes, kind, self.precision)
-        elif duration_ns < 0:
-            raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be >= 0")
+        elif not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):
+            raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be between 0 and {MAX_OP_NS:,} "
+                               f"(13 days), got {duration_ns!r}")  # fmt: skip
+        if duration_ns > MAX_OP_NS:
+            raise ProgramError(f"{self._who}: compute({name!r}) would last {duration_ns / 1e9:.3g} s, longer than "
+                               f"{MAX_OP_NS / 1e9:.3g} s: check its flops and bytes")  # fmt: skip
         op = Op(COMPUTE, name, int(duration_ns), flops)
         self._shard.launch(self._gpu, op, stream)
         return op
@@ -150,6 +169,7 @@ class GPU:
              stream: str = "comm") -> Handle:  # fmt: skip
         """Send ``size_bytes`` to rank ``dst``; matched with its recv by (source, tag, order)."""
         dst = self._check_peer(dst, "send")
+        size_bytes = self._buffer_size(size_bytes, "send")
         op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, int(size_bytes), tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
@@ -157,6 +177,7 @@ class GPU:
              stream: str = "comm") -> Handle:  # fmt: skip
         """Receive ``size_bytes`` from rank ``src``; completes when the message has arrived."""
         src = self._check_peer(src, "recv")
+        size_bytes = self._buffer_size(size_bytes, "recv")
         op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, int(size_bytes), tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
@@ -186,7 +207,7 @@ class GPU:
 
     def alloc(self, size_bytes: int, name: str = "tensor") -> Allocation:
         """Reserve memory; exceeding the GPU's capacity is an out-of-memory error."""
-        block = Allocation(name, int(size_bytes))
+        block = Allocation(name, self._whole_bytes(size_bytes, f"alloc({name!r})"))
         self._launch(Op(ALLOC, f"alloc({name})", block), "compute", comm=False)
         return block
 
@@ -207,6 +228,28 @@ class GPU:
         return op.t_end
 
     # -- internals ---------------------------------------------------------------------------
+    def _whole_bytes(self, size_bytes, what: str) -> int:
+        """``size_bytes`` as an int: a whole number (numpy integers, and integral floats such as 1e6,
+        too), at least 0."""
+        whole = isinstance(size_bytes, numbers.Integral) or (
+            isinstance(size_bytes, numbers.Real) and math.isfinite(size_bytes) and float(size_bytes).is_integer()
+        )
+        if isinstance(size_bytes, bool) or not whole:
+            raise ProgramError(f"{self._who}: {what} size_bytes must be a whole number of bytes, got {size_bytes!r}")
+        if size_bytes < 0:
+            raise ProgramError(f"{self._who}: {what} size_bytes must be >= 0, got {size_bytes!r}")
+        return int(size_bytes)
+
+    def _buffer_size(self, size_bytes, what: str) -> int:
+        """A message's or collective's size: whole bytes, and no larger than this GPU's memory,
+        where its buffer has to live."""
+        size = self._whole_bytes(size_bytes, what)
+        capacity = self._gpu.capacity_bytes
+        if size > capacity:
+            raise ProgramError(f"{self._who}: {what} of {size:,} bytes is larger than the GPU's memory "
+                               f"({capacity:,} bytes, {self.gpu_type}), where its buffer would live")  # fmt: skip
+        return size
+
     def _check_peer(self, peer: int, what: str) -> int:
         """The cluster rank of ``peer``, another rank of the program's world."""
         if not 0 <= peer < self.world_size or peer == self.rank:
@@ -228,6 +271,7 @@ class GPU:
         key = (op, size_bytes, index, root_index, algo)
         cached = group.calls.get(key)
         if cached is None:
+            size_bytes = self._buffer_size(size_bytes, op)
             name = algo or self._shard.default_algorithm(op, group)
             algorithm = get_algorithm(name, op)
             call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)

@@ -97,6 +97,61 @@ def test_recv_size_mismatch_is_reported(run):
         run(program, cluster_dict(nodes=1))
 
 
+BAD_CALLS = {
+    "negative send": (lambda gpu: gpu.send(1, -100), r"rank 0: send size_bytes must be >= 0, got -100"),
+    "fractional recv": (lambda gpu: gpu.recv(1, 2.5), r"rank 0: recv size_bytes must be a whole number of bytes"),
+    "bool size": (lambda gpu: gpu.send(1, True), r"send size_bytes must be a whole number of bytes, got True"),
+    "string size": (lambda gpu: gpu.all_reduce("1M"), r"all_reduce size_bytes must be a whole number"),
+    "nan collective": (lambda gpu: gpu.all_gather(float("nan")), r"all_gather size_bytes must be a whole number"),
+    "collective over memory": (
+        lambda gpu: gpu.all_reduce(1 << 70),
+        r"rank 0: all_reduce of 1,180,591,620,717,411,303,424 bytes is larger than the GPU's memory "
+        r"\(85,899,345,920 bytes, a100-sxm-80gb\)",
+    ),
+    "message over memory": (lambda gpu: gpu.send(1, 100 << 30), r"send of 107,374,182,400 bytes is larger"),
+    "negative alloc": (lambda gpu: gpu.alloc(-1, "x"), r"rank 0: alloc\('x'\) size_bytes must be >= 0"),
+    "negative flops": (lambda gpu: gpu.compute("k", flops=-1.0), r"compute\('k'\) flops must be a finite number >= 0"),
+    "infinite bytes": (lambda gpu: gpu.compute("k", bytes=float("inf")), r"bytes must be a finite number >= 0"),
+    "endless kernel": (lambda gpu: gpu.compute("k", duration_ns=10**30), r"duration_ns must be between 0 and"),
+    "negative duration": (lambda gpu: gpu.compute("k", duration_ns=-5), r"duration_ns must be between 0 and"),
+    "roofline past the bound": (lambda gpu: gpu.compute("k", flops=1e40), r"compute\('k'\) would last .* s, longer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_sizes_and_times_are_one_line_naming_rank_and_call(run, case):
+    """A wrong size or time is the program's error, named where it was passed (before, a negative
+    message or allocation ran with negative times or memory, a 2**70-byte all-reduce hung and a
+    huge kernel overflowed a compiled kernel's int64)."""
+    call, pattern = BAD_CALLS[case]
+
+    def program(gpu):
+        if gpu.rank == 0:
+            call(gpu)
+
+    with pytest.raises(ProgramError, match=pattern):
+        run(program, cluster_dict(nodes=1))
+
+
+def test_whole_numbers_of_any_kind_are_sizes(run):
+    """numpy integers and integral floats (1e6) are sizes; they give the same run as ints."""
+    import numpy as np
+
+    def program(gpu, size):
+        if gpu.rank == 0:
+            gpu.send(1, size)
+        elif gpu.rank == 1:
+            gpu.recv(0, 1_000_000)
+        gpu.all_reduce(size)
+        block = gpu.alloc(size)
+        gpu.free(block)
+        gpu.mark_iteration()
+
+    sizes = (1_000_000, np.int64(10**6), 1e6)
+    summaries = [run(lambda gpu, s=size: program(gpu, s), cluster_dict(nodes=1))[0] for size in sizes]
+    assert len({summary["fingerprint"] for summary in summaries}) == 1
+
+
 @pytest.mark.parametrize("example", ["data-parallel", "ping-pong"])
 def test_same_config_same_fingerprint_any_shard_count(example):
     """Results are identical, bit for bit, run after run and with 1, 2 or 4 in-process shards."""
