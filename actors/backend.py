@@ -48,8 +48,9 @@ def _first_line(exc: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast (seconds, one line) on an address nobody listens on; Ray itself retries for long."""
+def _check_reachable(address: str, shown: str | None = None) -> None:
+    """Fail fast (seconds, one line) on an address nobody listens on; Ray itself retries for long.
+    ``shown``: how the error names the address (default: as given)."""
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
@@ -58,7 +59,23 @@ def _check_reachable(address: str) -> None:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise BackendError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
+        raise BackendError(f"cannot connect to Ray at {shown or address}: {exc.strerror or exc}") from None
+
+
+def _resolve_auto() -> str:
+    """The address ``auto`` stands for, found as Ray finds it (RAY_ADDRESS, the last cluster
+    ``ray start`` recorded in Ray's temp directory, a running GCS). Ray itself retries a recorded
+    cluster that has since stopped for minutes; resolving first lets _check_reachable fail in
+    seconds. Uses a private Ray function: where it is missing, ``auto`` is passed on unresolved."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return "auto"
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError as exc:
+        raise BackendError(f"cannot connect to Ray at auto: {_first_line(exc)}") from None
+    return found or "auto"
 
 
 def connect(ray, address: str | None) -> bool:
@@ -81,6 +98,9 @@ def connect(ray, address: str | None) -> bool:
             _check_reachable(address)
             ray.init(address=address, **quiet)
         elif address == "auto" or os.environ.get("RAY_ADDRESS"):
+            found = _resolve_auto() if address == "auto" else "auto"
+            if found != "auto":
+                _check_reachable(found, f"auto (resolved to {found})")
             ray.init(address=address, **quiet)
         else:
             # "local": a new instance even where `ray start` runs on this host (that one is --address auto)

@@ -31,8 +31,15 @@ def log_run(data: RunTables, run_dir: str | None = None) -> str:
     """Log one run; returns the wandb run's URL (empty when offline)."""
     wandb = require_wandb()
     summary = data.summary
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), name=summary.get("name") or None,
-                     config=data.config, job_type="emulation")  # fmt: skip
+    try:
+        run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), name=summary.get("name") or None,
+                         config=data.config, job_type="emulation")  # fmt: skip
+    except Exception as exc:  # wandb raises its own errors (no API key, no network, a bad project)
+        # the run has finished and its directory is written: say so, and how to log without an account
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        kept = f"the run is saved in {run_dir}; " if run_dir else ""
+        raise ConfigError(f"--wandb: wandb could not start a run: {first} ({kept}WANDB_MODE=offline logs "
+                          "without an account)") from None  # fmt: skip
     try:
         for step, seconds in enumerate(summary.get("iteration_times_s", [])):
             run.log({"iteration_time_s": seconds}, step=step)

@@ -197,6 +197,42 @@ def test_unreachable_address_is_one_line(tmp_path):
     assert (out / "config.yaml").is_file()
 
 
+class _NoRay:
+    """A Ray module that was never initialised (connect() must fail before calling init)."""
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return False
+
+    @staticmethod
+    def init(**_):
+        raise AssertionError("ray.init called for an address that does not answer")
+
+
+def test_auto_pointing_at_a_stopped_cluster_is_one_line(monkeypatch):
+    """`--address auto` where Ray's record names a cluster that has stopped (its temp directory
+    outlives `ray stop`): one line in seconds, naming what auto resolved to, not minutes of retries."""
+    import socket
+
+    import ray._private.services as services
+
+    from actors.backend import connect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda addr, temp_dir=None: f"127.0.0.1:{port}")
+    with pytest.raises(BackendError, match=rf"^cannot connect to Ray at auto \(resolved to 127.0.0.1:{port}\): "):
+        connect(_NoRay, "auto")
+
+    def none_running(addr, temp_dir=None):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to")
+
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", none_running)
+    with pytest.raises(BackendError, match=r"^cannot connect to Ray at auto: Could not find any running Ray instance"):
+        connect(_NoRay, "auto")
+
+
 class Pids:
     """An observer that keeps each shard's process id."""
 

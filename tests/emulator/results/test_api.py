@@ -90,6 +90,27 @@ def test_wandb_flag_without_wandb_is_one_line_error(monkeypatch, capsys, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
+def test_wandb_that_cannot_start_is_one_line_error(monkeypatch, capsys, tmp_path):
+    """wandb installed but unable to start (no API key, no network): exit 2 after the run, one
+    line naming wandb's reason, where the run is saved and the offline way out."""
+    import types
+
+    class UsageError(Exception):
+        pass
+
+    def init(**_):
+        raise UsageError("No API key configured. Use `wandb login` to log in.\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    out = tmp_path / "x"
+    assert main(["run", PP, "--set", "cluster.nodes=2", "--wandb", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --wandb: wandb could not start a run: No API key configured. Use `wandb login` to log in. "
+        f"(the run is saved in {out}; WANDB_MODE=offline logs without an account)"
+    )
+    assert (out / "summary.json").is_file()
+
+
 def test_wandb_logging_offline(monkeypatch, tmp_path, capsys):
     """With wandb installed, --wandb logs the run (offline mode: files under WANDB_DIR)."""
     pytest.importorskip("wandb")
