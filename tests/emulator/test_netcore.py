@@ -18,7 +18,7 @@ from emulator.engine.netcore import NetCore, warm_up
 from emulator.errors import CollectiveMismatchError, DeadlockError
 from emulator.run import execute
 from netmodel.topology import Topology
-from tests.conftest import CONFIGS
+from tests.conftest import CONFIGS, cluster_dict
 
 
 def _observables(result) -> dict:
@@ -164,13 +164,20 @@ def test_slow_links_with_zero_byte_timeline_shares_match():
     assert all(v > 0 for line in results[0]["timeline"] for v in line.values())
 
 
-def test_virtual_time_beyond_the_engine_range_is_an_error():
-    """2^61 bytes over a 0.5 Gb/s ring passes 2^62 ns: a clear error, not a loop."""
+def test_virtual_time_beyond_the_engine_range_is_an_error(run):
+    """A collective that starts past 2^62 ns (4097 kernels of the longest duration the GPU API
+    allows before it): a clear error from the compiled core, not a wrapped int64. Sizes cannot get
+    there any more: the API refuses a buffer larger than the GPU's memory."""
+    from emulator.engine.api import MAX_OP_NS
     from emulator.errors import EmulatorError
 
-    cluster = load_cluster("dgx-a100-hdr", ["nodes=2", "nic.bandwidth_Gbps=1", "nic.efficiency=0.5"])
+    def program(gpu):
+        for _ in range(4097):
+            gpu.compute("long", duration_ns=MAX_OP_NS)
+        gpu.all_reduce(1 << 20, algo="ring")
+
     with pytest.raises(EmulatorError, match="over 2\\^62 ns"):
-        _bench(cluster, "compiled", "all_reduce", "ring", 16, 1 << 61, bucket_us=1e13)
+        run(program, cluster_dict(nodes=2), fast="none", engine={"collective_engine": "compiled"})
 
 
 def test_link_model_rules_agree_with_the_kernels():
