@@ -98,8 +98,7 @@ def connect(ray, address: str | None) -> bool:
             _check_reachable(address)
             ray.init(address=address, **quiet)
         elif address == "auto" or os.environ.get("RAY_ADDRESS"):
-            found = _resolve_auto() if address == "auto" else "auto"
-            if found != "auto":
+            if address == "auto" and (found := _resolve_auto()) != "auto":
                 _check_reachable(found, f"auto (resolved to {found})")
             ray.init(address=address, **quiet)
         else:

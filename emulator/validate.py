@@ -44,6 +44,7 @@ from emulator.validation_cases import (
     TABLE5,
     ZERO_FIGURE1,
 )
+from emulator.workloads.pipeline import microbatches
 from netmodel.topology import Topology
 
 
@@ -100,7 +101,7 @@ def published_activation_bytes(config, table2_row: str) -> float:
     symbols = {"s": t.seq_length, "b": t.micro_batch_size, "h": m.hidden_size, "a": m.num_attention_heads,
                "t": p.tensor}  # fmt: skip
     per_layer = formula_value(ACTIVATION_PER_LAYER[table2_row], **symbols)
-    micro = t.global_batch_size // (t.micro_batch_size * p.data)
+    micro = microbatches(config)
     if p.virtual_stages > 1:
         layers_held = m.num_layers * (1 + (p.pipeline - 1) / (p.pipeline * p.virtual_stages))
     else:

@@ -155,12 +155,12 @@ class GPU:
                     raise ProgramError(f"{self._who}: compute({name!r}) {label} must be a finite number >= 0, "
                                        f"got {value!r}")  # fmt: skip
             duration_ns = self._shard.compute_time_ns(self._gpu, flops, bytes, kind, self.precision)
+            if duration_ns > MAX_OP_NS:
+                raise ProgramError(f"{self._who}: compute({name!r}) would last {duration_ns / 1e9:.3g} s, longer "
+                                   f"than {MAX_OP_NS / 1e9:.3g} s: check its flops and bytes")  # fmt: skip
         elif not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):
             raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be between 0 and {MAX_OP_NS:,} "
                                f"(13 days), got {duration_ns!r}")  # fmt: skip
-        if duration_ns > MAX_OP_NS:
-            raise ProgramError(f"{self._who}: compute({name!r}) would last {duration_ns / 1e9:.3g} s, longer than "
-                               f"{MAX_OP_NS / 1e9:.3g} s: check its flops and bytes")  # fmt: skip
         op = Op(COMPUTE, name, int(duration_ns), flops)
         self._shard.launch(self._gpu, op, stream)
         return op
@@ -170,7 +170,7 @@ class GPU:
         """Send ``size_bytes`` to rank ``dst``; matched with its recv by (source, tag, order)."""
         dst = self._check_peer(dst, "send")
         size_bytes = self._buffer_size(size_bytes, "send")
-        op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, int(size_bytes), tag)
+        op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, size_bytes, tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
     def recv(self, src: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
@@ -178,7 +178,7 @@ class GPU:
         """Receive ``size_bytes`` from rank ``src``; completes when the message has arrived."""
         src = self._check_peer(src, "recv")
         size_bytes = self._buffer_size(size_bytes, "recv")
-        op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, int(size_bytes), tag)
+        op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, size_bytes, tag)
         return self._blocking(self._launch(op, stream, comm=True), async_op)
 
     def all_reduce(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
@@ -274,9 +274,9 @@ class GPU:
             size_bytes = self._buffer_size(size_bytes, op)
             name = algo or self._shard.default_algorithm(op, group)
             algorithm = get_algorithm(name, op)
-            call = CollectiveCall(op, int(size_bytes), group.ranks, index, root_index)
+            call = CollectiveCall(op, size_bytes, group.ranks, index, root_index)
             # the signature every message of this call carries, so members can check they agree
-            sig = OP_CODES[op] | ALGO_CODES[name] << 4 | root_index << 8 | int(size_bytes) << 28
+            sig = OP_CODES[op] | ALGO_CODES[name] << 4 | root_index << 8 | size_bytes << 28
             cached = group.calls[key] = (call, algorithm, sig, self._shard.closed_form(call, algorithm, group))
         call, algorithm, sig, closed = cached
         gpu = self._gpu

@@ -211,7 +211,7 @@ class _NoRay:
 
 def test_auto_pointing_at_a_stopped_cluster_is_one_line(monkeypatch):
     """`--address auto` where Ray's record names a cluster that has stopped (its temp directory
-    outlives `ray stop`): one line in seconds, naming what auto resolved to, not minutes of retries."""
+    outlives the cluster): one line in seconds, naming what auto resolved to, not minutes of retries."""
     import socket
 
     import ray._private.services as services
