@@ -22,9 +22,9 @@ from pathlib import Path
 
 from emulator.engine.coordinator import Observer, drive
 from emulator.engine.placement import shard_layout
+from emulator.engine.result import RunResult
 from emulator.engine.settings import EngineSettings
 from emulator.errors import BackendError, EmulatorError
-from emulator.summary import RunResult
 
 CHECK_EVERY_S = 1.0  # a round still running after this long has its shards pinged
 PING_TIMEOUT_S = 5.0  # a shard that does not answer a ping this long is lost (host gone or frozen)
@@ -121,13 +121,10 @@ def _quiet_driver(ray) -> None:
       and a paragraph of advice, even with ``log_to_driver=False``: the driver prints the errors the
       cluster pushes from a thread of its own (``ray._private.worker.listen_error_messages``). They
       are turned off as Ray's debugger does it (``ray.util.rpdb``), in this driver only.
-    - Tearing down a compiled graph whose actor died logs a traceback per dead actor at ERROR
-      ("Error cancelling worker task"), after the run has already stopped with its error.
     """
     worker = getattr(getattr(ray, "_private", None), "worker", None)
     if hasattr(worker, "_worker_logs_enabled"):
         worker._worker_logs_enabled = False
-    logging.getLogger("ray.dag").setLevel(logging.CRITICAL)
 
 
 def _key(placement: dict) -> tuple:
@@ -318,25 +315,13 @@ class RayTransport:
         self.layout, self.rank_shard, self.trace_ranks = layout, rank_shard, tuple(trace_ranks)
         self.shards = len(layout)
         self.world_size = topo.world_size
-        self.compiled = None  # CompiledRounds, when the run asks for it (every engine call then uses it)
-        if self.shards > 1 and config.engine.ray_rounds == "compiled":
-            from actors.compiled import CompiledRounds
-
-            self.compiled = CompiledRounds(ray, pool, CHECK_EVERY_S)
 
     def _call(self, verb: str, work: dict) -> dict:
-        if self.compiled is None:
-            return self.pool.call(verb, work)
-        try:
-            return self.compiled.call(verb, work)
-        except BaseException:
-            self.close()  # a graph that met an error is unusable
-            raise
+        return self.pool.call(verb, work)
 
     def start(self) -> dict:
-        config_ref, rank_shard_ref = self.config, self.rank_shard
-        if self.compiled is None:  # an actor call takes references (its arguments are resolved); a graph, values
-            config_ref, rank_shard_ref = self.ray.put(config_ref), self.ray.put(rank_shard_ref)
+        # put once: every shard's call takes the same references
+        config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
         source = _program_source(self.config)
         return self._call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source)
                                     for i in range(self.shards)})  # fmt: skip
@@ -346,11 +331,9 @@ class RayTransport:
 
     def finish(self) -> list[tuple[list, dict, dict]]:
         finished = self._call("finish", {i: () for i in range(self.shards)})
-        self.close()  # the actors' loops end, so that they take ordinary calls again
         return [finished[i] for i in range(self.shards)]
 
     def salvage(self, lost: set[int]) -> list[dict | None]:
-        self.close()  # a graph that stopped mid-run is unusable; the actors take ordinary calls again
         ray = self.ray
         refs = {i: actor.salvage.remote() for i, actor in enumerate(self.pool.actors) if i not in lost}
         # a shard still busy in its last round answers when the round ends; a frozen one never does
@@ -362,11 +345,6 @@ class RayTransport:
             except ray.exceptions.RayError:
                 exports.append(None)
         return exports
-
-    def close(self) -> None:
-        if self.compiled is not None:
-            self.compiled.close()
-            self.compiled = None
 
 
 class DirectRayTransport(RayTransport):

@@ -26,11 +26,11 @@ import ray
 from actors.peer import Mesh, PeerRounds
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import tune_process
+from emulator.engine.result import export_shard
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.errors import BackendError
-from emulator.programs import forget_program, resolve_program
-from emulator.summary import export_shard
+from emulator.workloads.programs import forget_program, resolve_program
 from netmodel.topology import Topology
 
 _BIG_INT = 1  # msgpack extension code for integers beyond 64 bits (a collective signature can be)
@@ -238,17 +238,6 @@ class ShardHost:
         Returns ``(next_time, output_bound, {dst: (count, earliest_time, blob)}, live_stats or None)``.
         """
         return self._reply(self.shard.step(horizon, [decode_records(blob) for blob in inbound]), want_stats)
-
-    def round(self, work: tuple | None):
-        """A compiled graph's call (actors/compiled.py): ``work`` is ``(verb, args)`` with verb
-        ``start``, ``step`` or ``finish``, or None when this shard has nothing to do (it takes part in
-        every round of the graph). Every engine call of a run goes through the graph: the rank
-        programs are greenlets, which only the thread that made them may switch to."""
-        if work is None:
-            return None
-        verb, args = work
-        assert verb in ("start", "step", "finish"), verb
-        return getattr(self, verb)(*args)
 
     def _reply(self, result: tuple, want_stats: bool) -> tuple:
         next_time, bound, out, busy_s = result

@@ -49,7 +49,7 @@ from emulator.config.loader import load_cluster, load_run
 from emulator.config.schema import RunConfig
 from emulator.engine import coordinator
 from emulator.engine.netcore import warm_up
-from emulator.run import execute
+from emulator.runner.sequence import execute
 args = json.loads(sys.argv[1])
 load_start = time.perf_counter()
 warm_up()  # the compiled kernels' one-time loading (reported apart from the run)
@@ -94,7 +94,7 @@ if args["what"][0] == "baseline":  # the interpreter and the emulator's modules,
 else:
     if args["what"][0] == "collbench":
         cluster = load_cluster("dgx-a100-hdr", ["nodes=384"])
-        program = {root!r} + "/emulator/collbench.py:_bench_program"
+        program = {root!r} + "/emulator/studies/collbench.py:_bench_program"
         config = RunConfig(name="collbench", cluster=cluster, program=program,
                            program_args={{"n": 3072, "op": "all_reduce", "algo": "hierarchical", "size": 1 << 30}})
     else:

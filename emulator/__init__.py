@@ -3,18 +3,15 @@
     import emulator
     r = emulator.run("configs/examples/ping-pong.yaml")
 
-Both are resolved lazily so that ``import emulator`` stays cheap (no matplotlib, no pandas).
+Both are resolved lazily so that ``import emulator`` stays cheap (no matplotlib, no pandas). The
+packages below are laid out in layers (ARCHITECTURE.md); ``run`` is a function here, the run
+sequence itself lives in emulator/runner/sequence.py.
 """
 
 
 def __getattr__(name: str):
-    if name == "run":
-        import importlib
+    if name in ("run", "load"):
+        from emulator import api
 
-        # the submodule emulator.run becomes this attribute anyway once imported; it is callable
-        return importlib.import_module("emulator.run")
-    if name == "load":
-        from emulator.api import load
-
-        return load
+        return getattr(api, name)
     raise AttributeError(f"module 'emulator' has no attribute {name!r}")

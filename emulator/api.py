@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from emulator.config.loader import load_config
 from emulator.errors import ConfigError
-from emulator.results.rundir import RunTables, read_run_dir, write_results
+from emulator.results.rundir import RunTables, read_run_dir
 
 
 def _frame(rows: list[dict], columns: tuple[str, ...] = ()) -> Any:
@@ -94,7 +95,9 @@ class RunResults:
         """Write the run directory (a fresh run only: it needs the raw results)."""
         if self.result is None:
             raise ConfigError("write(): this RunResults was loaded from a directory; it has no raw results")
-        self.run_dir, _ = write_results(out, self.config, self.summary, self.result, self.topo)
+        from emulator.runner.sequence import write_outputs
+
+        self.run_dir, _ = write_outputs(out, self.config, self.summary, self.result, self.topo)
         return self.run_dir
 
     def __repr__(self) -> str:
@@ -102,52 +105,6 @@ class RunResults:
         it = s.get("iteration_time_s")
         return (f"<RunResults {s.get('name', '')!r}: {s.get('world_size')} GPUs, virtual {s.get('sim_time_s', 0):.6f} s"
                 + (f", iteration {it:.6f} s" if it else "") + f", fingerprint {s.get('fingerprint')}>")  # fmt: skip
-
-
-def _override_pairs(overrides: dict | list | tuple | None) -> list[tuple[list[str], Any]]:
-    """``{"a.b": 1}`` or ``["a.b=1"]`` (the ``--set`` syntax) as (key path, value) pairs."""
-    from emulator.config.loader import parse_override
-
-    if not overrides:
-        return []
-    if isinstance(overrides, dict):
-        pairs = []
-        for key, value in overrides.items():
-            keys = [k for k in str(key).split(".") if k]
-            if not keys:
-                raise ConfigError(f"overrides: empty key path {key!r}")
-            pairs.append((keys, value))
-        return pairs
-    if isinstance(overrides, str):
-        raise ConfigError("overrides: give a dict {'key.path': value} or a list of 'key.path=value' strings")
-    return [parse_override(text) for text in overrides]
-
-
-def load_config(path_or_config, overrides: dict | list | None = None):
-    """A validated RunConfig from a run file path, a RunConfig or a plain dict, overrides applied."""
-    from emulator.config.loader import apply_override, load_run_dict, resolve_reference
-    from emulator.config.schema import RunConfig
-    from emulator.config.typed import from_dict, to_dict
-
-    if isinstance(path_or_config, (str, Path)):
-        data, _ = load_run_dict(path_or_config, [])
-    elif isinstance(path_or_config, RunConfig):
-        data = to_dict(path_or_config)
-    elif isinstance(path_or_config, dict):
-        data = to_dict(path_or_config)  # a deep copy: the caller's dict is left alone
-        for kind in ("cluster", "model", "parallel", "training"):
-            if isinstance(data.get(kind), str):  # a preset name or file, as in a run file
-                data[kind], _ = resolve_reference(kind, data[kind], Path.cwd())
-    else:
-        raise ConfigError(
-            f"run(): expected a run file path, a RunConfig or a dict, got {type(path_or_config).__name__}"
-        )
-    for keys, value in _override_pairs(overrides):
-        # as with --set: cluster=<preset or file> and model=<preset or file> load the referenced config
-        if keys[0] in ("cluster", "model") and isinstance(value, str) and len(keys) == 1:
-            value, _ = resolve_reference(keys[0], value, Path.cwd())
-        apply_override(data, keys, value)
-    return from_dict(RunConfig, data, "")
 
 
 def run(path_or_config, overrides: dict | list | None = None, backend: str = "inline", shards: int = 1,
@@ -158,7 +115,7 @@ def run(path_or_config, overrides: dict | list | None = None, backend: str = "in
     ``trace_ranks``: ``"default"`` (the first node), ``"all"``, ``"none"``, ``"0-7,64"`` or a list.
     Raises the project's errors (ConfigError, DeadlockError, ...) like the command line.
     """
-    from emulator.run import run_job
+    from emulator.runner.sequence import run_job
 
     config = load_config(path_or_config, overrides)
     if wandb:

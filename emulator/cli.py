@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="print only the final table")
     _add_metrics_args(sweep)
 
-    from emulator.goodput import add_goodput_parser
-    from emulator.plan import add_plan_parser
+    from emulator.studies.goodput import add_goodput_parser
+    from emulator.studies.plan import add_plan_parser
 
     add_plan_parser(sub)
     add_goodput_parser(sub)
@@ -121,7 +121,7 @@ def _start_monitor(args, config, out_dir: Path, topo):
 
 
 def cmd_run(args) -> int:
-    from emulator.run import default_out_dir, prepare, run_job
+    from emulator.runner.sequence import default_out_dir, prepare, run_job
 
     config = _load(args)
     prepared = prepare(config, args.backend, args.shards, args.trace_ranks)
@@ -164,7 +164,7 @@ def cmd_run(args) -> int:
         + f" -> {done.run_dir}/summary.json"
     )
     print(line, flush=True)
-    for job in summary.get("jobs", []):  # a run with jobs: each job's own figures (emulator/jobs.py)
+    for job in summary.get("jobs", []):  # a run with jobs: each job's own figures (emulator/runner/jobs.py)
         it, mfu = job.get("iteration_time_s"), job.get("mfu")
         print(f"  job {job['name']}: {job['world_size']} GPUs" + (f", iteration {it:.4f} s" if it else "")
               + (f", MFU {mfu:.3f}" if mfu is not None else ""), flush=True)  # fmt: skip
@@ -173,11 +173,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from emulator.budget import estimate
+    from emulator.runner.budget import estimate
 
     config = _load(args)
     if config.program is not None:
-        from emulator.programs import check_program
+        from emulator.workloads.programs import check_program
 
         check_program(config.program)  # exists and defines the function; parsed, never executed
     # one line, the estimate after the verdict: scripts read the first line, the stage table follows
@@ -190,7 +190,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from emulator.sweep import format_rows, run_sweep
+    from emulator.studies.sweep import format_rows, run_sweep
 
     metrics = None
     if args.metrics_port is not None:
@@ -213,20 +213,20 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from emulator.plan import cmd_plan as plan
+    from emulator.studies.plan import cmd_plan as plan
 
     return plan(args)
 
 
 def cmd_goodput(args) -> int:
-    from emulator.goodput import cmd_goodput as goodput
+    from emulator.studies.goodput import cmd_goodput as goodput
 
     return goodput(args)
 
 
 def cmd_collbench(args) -> int:
-    from emulator.collbench import collbench, format_table, parse_size, sizes_between
     from emulator.config.loader import load_cluster
+    from emulator.studies.collbench import collbench, format_table, parse_size, sizes_between
 
     cluster = load_cluster(args.cluster, args.overrides)
     sizes = sizes_between(parse_size(args.min_bytes), parse_size(args.max_bytes))
@@ -239,7 +239,7 @@ def cmd_collbench(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from emulator.validate import format_report, run_validation
+    from emulator.studies.validate import format_report, run_validation
 
     rows = run_validation(args.only)
     print(json.dumps(rows, indent=2) if args.json else format_report(rows))
@@ -247,7 +247,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from emulator.results.report import write_report
+    from emulator.reports.run_report import write_report
 
     page, pngs = write_report(args.run_dir, args.out)
     print(f"{page} ({len(pngs)} plots: {', '.join(p.name for p in pngs)})")

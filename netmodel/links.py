@@ -88,7 +88,7 @@ def resolve_slow_links(topo, faults: list) -> None:
 class LinkModel:
     """One shard's links: free times, bandwidths and windows, which are down, and per-link totals.
 
-    ``down_ns``: link -> the virtual time it goes down (``faults.fail``, emulator/faults.py).
+    ``down_ns``: link -> the virtual time it goes down (``faults.fail``, emulator/engine/faults.py).
     Accounting per link: ``bytes``, ``busy_ns``, ``messages``, ``max_wait_ns`` (the longest a
     message waited for the link's side of its route) and, for live figures only, ``queued_ns`` /
     ``queued_messages`` charged to the link that held a message back (the one free last)."""

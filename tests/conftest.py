@@ -9,7 +9,7 @@ import pytest
 from emulator.backends.inline import run_inline
 from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
-from emulator.summary import summarize
+from emulator.results.summary import summarize
 from netmodel.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]

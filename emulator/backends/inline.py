@@ -7,10 +7,10 @@ from emulator.engine.coordinator import Observer, drive
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import relaxed_gc
 from emulator.engine.placement import shard_layout
+from emulator.engine.result import RunResult, export_shard
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
-from emulator.programs import resolve_program
-from emulator.summary import RunResult, export_shard
+from emulator.workloads.programs import resolve_program
 
 
 class InlineTransport:

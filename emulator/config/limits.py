@@ -70,7 +70,7 @@ MAX_OPS_AHEAD = 2**20
 MIN_TIMELINE_BUCKET_US = 1.0  # a finer timeline has an entry per microsecond of every message
 MAX_TIMELINE_BUCKET_US = 1e12
 
-# faults (emulator/faults.py): a GPU or link slowed below 1% of its speed is as good as failed, and
+# faults (emulator/engine/faults.py): a GPU or link slowed below 1% of its speed is as good as failed, and
 # the factors multiply durations, so the bound keeps them within 100x of the ones above
 MIN_FAULT_FACTOR = 0.01
 MAX_JITTER_SIGMA = 1.0  # lognormal(0, 1): a kernel 10x slower than nominal about once in 100

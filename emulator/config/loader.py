@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from emulator.config.schema import ClusterConfig, ModelConfig, ParallelConfig, RunConfig, TrainingConfig
-from emulator.config.typed import from_dict, shown_key
+from emulator.config.typed import from_dict, shown_key, to_dict
 from emulator.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
@@ -332,3 +332,43 @@ def load_cluster(ref: str | Path, overrides: list[str] = ()) -> Any:
             keys = keys[1:]
         apply_override(data, keys, value)
     return from_dict(ClusterConfig, data, "cluster")
+
+
+def _override_pairs(overrides: dict | list | tuple | None) -> list[tuple[list[str], Any]]:
+    """``{"a.b": 1}`` or ``["a.b=1"]`` (the ``--set`` syntax) as (key path, value) pairs."""
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        pairs = []
+        for key, value in overrides.items():
+            keys = [k for k in str(key).split(".") if k]
+            if not keys:
+                raise ConfigError(f"overrides: empty key path {key!r}")
+            pairs.append((keys, value))
+        return pairs
+    if isinstance(overrides, str):
+        raise ConfigError("overrides: give a dict {'key.path': value} or a list of 'key.path=value' strings")
+    return [parse_override(text) for text in overrides]
+
+
+def load_config(path_or_config, overrides: dict | list | None = None):
+    """A validated RunConfig from a run file path, a RunConfig or a plain dict, overrides applied."""
+    if isinstance(path_or_config, (str, Path)):
+        data, _ = load_run_dict(path_or_config, [])
+    elif isinstance(path_or_config, RunConfig):
+        data = to_dict(path_or_config)
+    elif isinstance(path_or_config, dict):
+        data = to_dict(path_or_config)  # a deep copy: the caller's dict is left alone
+        for kind in ("cluster", "model", "parallel", "training"):
+            if isinstance(data.get(kind), str):  # a preset name or file, as in a run file
+                data[kind], _ = resolve_reference(kind, data[kind], Path.cwd())
+    else:
+        raise ConfigError(
+            f"run(): expected a run file path, a RunConfig or a dict, got {type(path_or_config).__name__}"
+        )
+    for keys, value in _override_pairs(overrides):
+        # as with --set: cluster=<preset or file> and model=<preset or file> load the referenced config
+        if keys[0] in ("cluster", "model") and isinstance(value, str) and len(keys) == 1:
+            value, _ = resolve_reference(keys[0], value, Path.cwd())
+        apply_override(data, keys, value)
+    return from_dict(RunConfig, data, "")

@@ -124,11 +124,11 @@ class EngineConfig:
     # "python" (the reference implementation); the results are the same bit for bit
     collective_engine: Literal["compiled", "python"] = "compiled"
     # how the Ray backend runs rounds: "direct" (the shards exchange each round's replies and records
-    # over a connection per pair of shards, actors/peer.py; the driver is out of the rounds), "calls"
-    # (one actor call per busy shard and round, through the driver) or "compiled" (one Ray compiled
-    # graph over the shard actors, actors/compiled.py, whose processes spin while they wait);
-    # measured in benchmarks/README.md
-    ray_rounds: Literal["direct", "calls", "compiled"] = "direct"
+    # over a connection per pair of shards, actors/peer.py; the driver is out of the rounds) or "calls"
+    # (one actor call per busy shard and round, through the driver); measured in benchmarks/README.md
+    # (a third mode over Ray Compiled Graphs was slower than "direct" and could crash a raylet when a
+    # shard died under it: removed)
+    ray_rounds: Literal["direct", "calls"] = "direct"
 
     def validate(self, path: str) -> None:
         require_range(self, path, "max_ops_ahead", 2, lim.MAX_OPS_AHEAD)
@@ -239,7 +239,7 @@ class FailFault:
 
 @dataclass
 class FaultsConfig:
-    """What goes wrong during the run (emulator/faults.py); every random draw derives from ``seed``."""
+    """What goes wrong during the run (emulator/engine/faults.py); every random draw derives from ``seed``."""
 
     seed: int = 0
     slow_gpu: list[SlowGpuFault] = field(default_factory=list)

@@ -97,7 +97,7 @@ class CollectiveExecution:
         # every member's ports are held for the whole collective, from when the last is free
         held = self.links.hold(links, t, duration, call.n)
         if held is None:
-            # a port of the group is down before the call ends (emulator/faults.py): the whole
+            # a port of the group is down before the call ends (emulator/engine/faults.py): the whole
             # call is lost, its members never complete; keep them arrived for the hang report
             self.rendezvous[op.c] = list(arrived)
             return
@@ -166,7 +166,7 @@ class CollectiveExecution:
             k = scount.get(ck, 0)
             scount[ck] = k + 1
             end = self._inject(gpu, peer, size, (run.gid, run.seq, ch, k), run.sig, t, run.op.a.op)
-            if end is None:  # lost to a failure (emulator/faults.py): the step never ends
+            if end is None:  # lost to a failure (emulator/engine/faults.py): the step never ends
                 pending = 1
             elif end > t_end:
                 t_end = end

@@ -18,7 +18,7 @@ starts. A single shard needs no rounds at all (one call, or ``window_ns`` slices
 
 :func:`drive` is the one run sequence of every backend: start, rounds, finish, merge. A backend
 supplies a :class:`Transport` that moves the calls and the batches (in-process: method calls;
-Ray: actor calls or a compiled graph), or a :class:`DirectTransport` whose shards each keep a copy
+Ray: actor calls), or a :class:`DirectTransport` whose shards each keep a copy
 of the protocol's state (:class:`Rounds`) and exchange their replies with each other (Ray: direct
 connections between the shard actors).
 """
@@ -144,7 +144,7 @@ def drive(transport: Transport, lookahead_ns: int, observer: Observer | None = N
     still answer measured up to where they stopped (:meth:`Transport.salvage`; ranks of a lost shard
     are missing); None when no shard answers.
     """
-    from emulator.summary import merge
+    from emulator.engine.result import merge
 
     stats = RoundStats()
     result = None
@@ -170,7 +170,7 @@ def salvage(transport: Transport, stats: RoundStats, lost: set[int]):
     Best effort by design: it runs while an error or Ctrl-C is on its way out, and that error is
     what the user must see, so a failure here only means there is no partial result.
     """
-    from emulator.summary import merge
+    from emulator.engine.result import merge
 
     try:
         exports = [e for e in transport.salvage(lost) if e is not None]

@@ -1,5 +1,5 @@
 """Turning a stuck run into a report a user can act on: deadlock, collective mismatch, or the hang
-that a failed node or link (``faults.fail``, emulator/faults.py) leaves behind."""
+that a failed node or link (``faults.fail``, emulator/engine/faults.py) leaves behind."""
 
 from __future__ import annotations
 

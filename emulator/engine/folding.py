@@ -13,14 +13,14 @@ operation counts, every link's bytes and busy time, hence the fingerprint - are 
 without folding (tested); the engine processes ``fold`` times fewer events.
 
 ``engine.fold_tensor_groups: false`` turns it off; so do faults that make the ranks of a group
-differ (a slow GPU, jitter, a slow link other than a whole tier: emulator/faults.py).
+differ (a slow GPU, jitter, a slow link other than a whole tier: emulator/engine/faults.py).
 """
 
 from __future__ import annotations
 
 import re
 
-from emulator.faults import breaks_symmetry
+from emulator.engine.faults import breaks_symmetry
 
 
 def fold_factor(settings, topo) -> int:

@@ -1,7 +1,7 @@
 """What the engine needs of a run, read once from its run config: the engine's only input besides
 the topology, the program and its arguments.
 
-    python -c "from emulator.api import load_config; from emulator.engine.settings import EngineSettings; \
+    python -c "from emulator.config.loader import load_config; from emulator.engine.settings import EngineSettings; \
 print(EngineSettings.from_run_config(load_config('configs/runs/megatron-22b-8gpu.yaml')))"
 
 The run config (emulator/config/schema.py) describes a whole run: cluster, model, training,
@@ -28,7 +28,7 @@ class EngineSettings:
     fast_collectives: bool = True  # groups inside one node complete in closed form
     fold_tensor_groups: bool = True  # allow symmetry folding (folding.py) where it is exact
     precision: str = "bf16"  # the rate a ``gpu.compute(flops=...)`` kernel runs at
-    faults: Any = None  # the run's FaultsConfig (emulator/faults.py reads it); None: no faults
+    faults: Any = None  # the run's FaultsConfig (emulator/engine/faults.py reads it); None: no faults
     scale_up_tiers: frozenset[str] = frozenset()  # names of the scale-up tiers (a fault window there stops folding)
     # the built-in training workload runs (a model and no user program): folding and placement
     # follow its layout; tensor / data / pipeline are the layout of a model run, 1 without a model

@@ -30,6 +30,7 @@ from emulator.engine.api import GPU, Group
 from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
+from emulator.engine.faults import ComputeFaults, Failures
 from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
@@ -39,7 +40,6 @@ from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
-from emulator.faults import ComputeFaults, Failures
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
 from netmodel.collectives import DEFAULTS
@@ -76,7 +76,7 @@ class Shard(CollectiveExecution):
         # Python path is asked for; both share the link state and the per-sender message counters
         self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
-        # a node or GPU failure (emulator/faults.py) is honoured on the Python path only: the
+        # a node or GPU failure (emulator/engine/faults.py) is honoured on the Python path only: the
         # compiled core keeps no failed-GPU state (both give the same results, the Python path slower)
         self.compiled = settings.collective_engine == "compiled" and self.failures is None
         self.mseq = self.core.mseq_py
@@ -103,7 +103,7 @@ class Shard(CollectiveExecution):
                 self.gpus[rank].trace = []
         self.program = program
         self.program_args = program_args if program_args is not None else {}
-        # slow GPUs and jitter of the hosted ranks (emulator/faults.py); None: every kernel nominal
+        # slow GPUs and jitter of the hosted ranks (emulator/engine/faults.py); None: every kernel nominal
         self.compute_faults = ComputeFaults.for_config(settings, topo, self.gpus)  # reads settings.faults
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
 
@@ -527,7 +527,7 @@ class Shard(CollectiveExecution):
             self.now = t
             count += 1
             if t >= fail_from and self._failed(rank, t):
-                continue  # a failed GPU processes nothing more (emulator/faults.py)
+                continue  # a failed GPU processes nothing more (emulator/engine/faults.py)
             if kind == EV_OP_DONE:
                 self._complete(gpus[rank], obj, t)
             elif kind == EV_STEP:
@@ -579,7 +579,7 @@ class Shard(CollectiveExecution):
         the time messages waited for a busy link; ``collective_ns`` ``{kind: [ns, calls]}`` summed
         over members; ``behind`` the unfinished ranks whose latest operation ended earliest and
         ``busiest`` the ranks with the most compute, as ``[rank, ns]``; ``compiling`` whether the
-        compiled collective engine is still being loaded or compiled. Faults (emulator/faults.py):
+        compiled collective engine is still being loaded or compiled. Faults (emulator/engine/faults.py):
         ``compute_lost_ns`` the compute the GPU faults added (charged minus nominal, all hosted
         ranks), ``stragglers`` the ranks that lost the most as ``[rank, compute ns, lost ns]``,
         ``slow_links`` ``[busy ns, nominal ns]`` per ``faults.slow_link`` entry

@@ -83,7 +83,7 @@ class Snapshot:
     behind: tuple[tuple[int, float], ...] = ()  # (rank, virtual s of its latest op): furthest behind
     busiest: tuple[tuple[int, float], ...] = ()  # (rank, compute s): the most compute charged
     collectives: tuple[tuple[str, float, int], ...] = ()  # (kind, virtual s summed over members, calls)
-    # faults (emulator/faults.py): compute the GPU faults added so far, all ranks (jitter may subtract)
+    # faults (emulator/engine/faults.py): compute the GPU faults added so far, all ranks (jitter may subtract)
     compute_lost_s: float = 0.0
     # (rank, nominal over charged compute so far, compute s lost): the ranks slowed the most (5)
     stragglers: tuple[tuple[int, float, float], ...] = ()

@@ -38,7 +38,7 @@ class Monitor:
     def __init__(self, config, run_id: str, backend: str = "inline", shards: int = 1, port: int | None = None,
                  host: str = "127.0.0.1", progress: str = "off", stream: TextIO | None = None,
                  topo: Topology | None = None) -> None:  # fmt: skip
-        if topo is None:  # the run's own, where the caller has it (emulator.run.prepare): built once
+        if topo is None:  # the run's own, where the caller has it (emulator.runner.sequence.prepare): built once
             topo = Topology(config.cluster)
         tier_links = [0] * len(topo.tier_names)
         for tier in topo.link_tier:

@@ -63,7 +63,7 @@ def _count(n: int) -> str:
 
 
 def _size_label(bucket: int) -> str:
-    from emulator.summary import histogram_label
+    from emulator.results.summary import histogram_label
 
     return histogram_label(bucket).removeprefix("<=")
 

@@ -5,8 +5,8 @@
 
 Files: ``config.yaml`` (the resolved config: rerunning it reproduces the run), ``summary.json``,
 ``links.csv``, ``ranks.csv``, ``histograms.csv``, ``timeline.csv`` and ``trace.json``; their columns
-are documented in the README (Results). A run with ``jobs`` adds ``jobs/<name>/`` per job
-(emulator/jobs.py).
+are documented in docs/outputs.md. A run with ``jobs`` adds ``jobs/<name>/`` per job, written by
+the run sequence (emulator/runner/jobs.py) with the writers here.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from emulator.engine.result import RunResult
 from emulator.errors import ConfigError
 from emulator.results import tables
 from emulator.results.trace import trace_document
-from emulator.summary import RunResult
 
 CSV_TABLES = {
     "links": tables.LINK_COLUMNS,
@@ -84,10 +84,6 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
                                                       "fingerprint": summary.get("fingerprint", "")})  # fmt: skip
     # compact separators: a traced node of 8 GPUs over many iterations is easily 10^5 events
     (out / "trace.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    if getattr(config, "jobs", None):
-        from emulator.jobs import write_job_dirs
-
-        write_job_dirs(out, config, summary, result, topo)
     return out, data
 
 

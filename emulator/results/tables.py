@@ -1,7 +1,7 @@
 """The tables of a run (links, ranks, message sizes, traffic over time) derived from its raw results.
 
     from emulator.results.tables import link_rows
-    rows = link_rows(result, topo)      # result, topo from emulator.run.execute(config)
+    rows = link_rows(result, topo)      # result, topo from emulator.runner.sequence.execute(config)
 
 Every table is a list of flat dicts (one per CSV row), so it needs neither pandas nor numpy; the
 column meanings are documented in the README (Results).
@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from emulator.engine.result import RunResult
 from emulator.errors import ConfigError
-from emulator.summary import RunResult, histogram_label
-
-# Streams whose work the compute stream waits for as pipeline bubble (the pipeline send/recv stream
-# of the training workloads); waiting on any other stream is exposed communication.
-BUBBLE_STREAM_PREFIX = "pp"
+from emulator.results.summary import histogram_label
+from emulator.workloads.streams import is_bubble_stream, stream_dimension
 
 LINK_COLUMNS = ("link", "name", "tier", "direction", "node", "src", "dst", "bandwidth_GBps", "bytes", "messages",
                 "busy_ns", "utilisation", "peak_queue_ns")  # fmt: skip
@@ -25,24 +23,6 @@ RANK_COLUMNS = ("rank", "node", "gpu", "stage", "final_time_ns", "ops", "flops",
                 "idle_ns", "peak_memory_bytes", "iterations")  # fmt: skip
 HISTOGRAM_COLUMNS = ("by", "key", "bucket", "max_bytes", "label", "messages")
 TIMELINE_COLUMNS = ("tier", "bucket", "start_s", "end_s", "message_bytes", "link_bytes", "utilisation")
-
-
-def is_bubble_stream(stream: str) -> bool:
-    return stream.startswith(BUBBLE_STREAM_PREFIX)
-
-
-def stream_dimension(stream: str) -> str:
-    """The parallelism dimension whose communication runs on ``stream``: the training workloads
-    (emulator/workloads/training.py) issue tensor-parallel collectives on ``tp``, data-parallel ones
-    (gradient buckets, weight gathers, tied embeddings) on ``dp`` and pipeline sends and receives on
-    ``pp.*``; any other stream (a user program's) is ``other``."""
-    if stream == "tp":
-        return "tensor"
-    if stream == "dp":
-        return "data"
-    if is_bubble_stream(stream):
-        return "pipeline"
-    return "other"
 
 
 def parse_rank_spec(spec: str | Iterable[int] | None, topo) -> list[int]:

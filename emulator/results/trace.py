@@ -12,8 +12,8 @@ with one counter track of utilisation per tier.
 from __future__ import annotations
 
 from emulator.engine.ops import KIND_NAMES
-from emulator.results.tables import is_bubble_stream
-from emulator.summary import RunResult
+from emulator.engine.result import RunResult
+from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
 

@@ -3,7 +3,7 @@
     emulator run configs/runs/bloom-560m-zero2.yaml     # 32-way data parallel, ZeRO 2
 
 The one description of the technique that the emulated program (training.py), the closed-form
-estimate (emulator/estimate.py), the memory model (memory.py) and the planner (emulator/plan.py)
+estimate (emulator/studies/estimate.py), the memory model (memory.py) and the planner (emulator/studies/plan.py)
 share. Mixed-precision Adam as in Megatron-LM and ZeRO (Rajbhandari et al. 2020): 16-bit weights
 (2 B per parameter), fp32 main gradients (4 B; 2 B for fp16), fp32 master weights with Adam's m and
 v (12 B). ZeRO stage 1 partitions the optimizer states over the ``d`` ranks of the group, stage 2

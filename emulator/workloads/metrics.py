@@ -9,12 +9,12 @@ FLOP rate by the cluster's peak dense rate at the run's precision.
 
 from __future__ import annotations
 
+from emulator.engine.result import iteration_times_ns
 from emulator.hardware.gpus import get_gpu
-from emulator.results.tables import stream_dimension
-from emulator.summary import iteration_times_ns
 from emulator.workloads.layout import layout_of
 from emulator.workloads.memory import stage_memory
 from emulator.workloads.segments import forward_flops_per_microbatch
+from emulator.workloads.streams import stream_dimension
 
 PIPELINE_PREFIX = "pp"
 

@@ -3,7 +3,7 @@
     emulator run configs/runs/megatron-175b-64gpu.yaml     # 8 stages, 1F1B
 
 The one description of the technique that the emulated program (training.py), the closed-form
-estimate (emulator/estimate.py), the memory model (memory.py) and the planner (emulator/plan.py)
+estimate (emulator/studies/estimate.py), the memory model (memory.py) and the planner (emulator/studies/plan.py)
 share. Stage ``s`` holds ``layers_of_stage(s)`` layers in each of its ``v`` model chunks (virtual
 stages, interleaved 1F1B); a microbatch goes forward through chunk 0 of every stage, then chunk 1,
 ..., and its gradients come back the reverse way. The order of a stage's forwards and backwards is

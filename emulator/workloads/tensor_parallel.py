@@ -4,7 +4,7 @@ overlap, and how activations and the vocabulary split over the group.
     emulator run configs/runs/megatron-22b-8gpu.yaml     # tensor 8, sequence parallel
 
 The one description of the technique that the emulated program (training.py), the closed-form
-estimate (emulator/estimate.py), the memory model (memory.py) and the planner (emulator/plan.py)
+estimate (emulator/studies/estimate.py), the memory model (memory.py) and the planner (emulator/studies/plan.py)
 share. Narayanan et al. 2021 split attention heads and the MLP's hidden dimension over ``t`` ranks:
 each column-/row-parallel pair of GEMMs ends in an all-reduce of the ``b*s*h`` activation (forward)
 or of its gradient (backward). Sequence parallelism (Korthikanti et al. 2022) replaces each

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from emulator.config.loader import load_run
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS
 
 PROGRAM = CONFIGS / "examples/programs.py"

@@ -68,13 +68,13 @@ def test_missing_ray_is_one_clear_line(monkeypatch):
 
 def test_cli_writes_config_before_the_run(tmp_path, monkeypatch):
     """A run that fails still leaves its config.yaml in the run directory."""
-    import emulator.run
+    import emulator.runner.sequence
     from emulator.cli import main
 
     def lost(*args, **kwargs):
         raise BackendError("shard 1 on host 10.0.0.3 died: test")
 
-    monkeypatch.setattr(emulator.run, "execute", lost)
+    monkeypatch.setattr(emulator.runner.sequence, "execute", lost)
     out = tmp_path / "run"
     assert main(["run", str(ROOT / "configs/examples/ping-pong.yaml"), "--backend", "ray", "--out", str(out)]) == 2
     assert (out / "config.yaml").is_file() and not (out / "summary.json").exists()

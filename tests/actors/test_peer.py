@@ -18,10 +18,11 @@ from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
 from emulator.engine.coordinator import drive
 from emulator.engine.placement import shard_layout
+from emulator.engine.result import export_shard
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.errors import BackendError, OutOfMemoryError, ProgramError
-from emulator.summary import export_shard, summarize
+from emulator.results.summary import summarize
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict, run_program
 from tests.emulator.test_lookahead import WALL, pipeline_program, random_program

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emulator.sweep import run_sweep
+from emulator.studies.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.errors import CollectiveMismatchError, DeadlockError, OutOfMemoryError, ProgramError
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS, cluster_dict
 
 

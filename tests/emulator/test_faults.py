@@ -1,4 +1,4 @@
-"""Faults (emulator/faults.py): validation, exact figures, determinism across shards."""
+"""Faults (emulator/engine/faults.py): validation, exact figures, determinism across shards."""
 
 import csv
 import json
@@ -6,12 +6,12 @@ import json
 import pytest
 
 from emulator.cli import main
-from emulator.collbench import collbench
 from emulator.config.loader import load_cluster, load_run
 from emulator.engine.folding import fold_factor
 from emulator.engine.settings import EngineSettings
 from emulator.errors import ConfigError, FailureError
-from emulator.run import execute, run_job
+from emulator.runner.sequence import execute, run_job
+from emulator.studies.collbench import collbench
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS
 
@@ -239,7 +239,7 @@ def test_jitter_is_reproducible_and_seeded():
 
 def test_sigma_zero_draws_and_keeps_every_duration():
     """sigma 0 still goes through the draws (factor exp(0) = 1): the charged path, not a skip."""
-    from emulator.faults import ComputeFaults
+    from emulator.engine.faults import ComputeFaults
 
     config = load_run(DATA_PARALLEL, ["faults.jitter={sigma: 0.3}"])
     config.faults.jitter.sigma = 0.0

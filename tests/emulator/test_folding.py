@@ -5,7 +5,7 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine.folding import fold_factor, shift_name
 from emulator.engine.settings import EngineSettings
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS
 

@@ -13,8 +13,8 @@ from emulator.cli import main
 from emulator.config import limits as lim
 from emulator.config.loader import MAX_CONFIG_BYTES, load_run, parse_override
 from emulator.errors import ConfigError
-from emulator.programs import check_program, load_program
 from emulator.workloads import memory
+from emulator.workloads.programs import check_program, load_program
 from emulator.workloads.schedules import schedule_for
 from tests.conftest import CONFIGS, ROOT
 
@@ -218,7 +218,7 @@ def test_budget_estimate_and_check_prints_it(capsys):
     config = load_run(BLOOM)
     estimate = budget.estimate(config)
     assert estimate.world_size == 32 and estimate.virtual_gpus == 32
-    # measured: 0.8 M events, ~160 MB RSS (see the calibration in emulator/budget.py)
+    # measured: 0.8 M events, ~160 MB RSS (see the calibration in emulator/runner/budget.py)
     assert 806_976 <= estimate.events <= 10 * 806_976
     assert 160e6 <= estimate.host_memory_bytes <= 1e9
     folded = budget.estimate(load_run(CONFIGS / "runs" / "gpt3-175b-1024gpu.yaml"))

@@ -10,7 +10,7 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine.coordinator import next_horizons
 from emulator.errors import EmulatorError
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS, cluster_dict, run_program
 
 INF = float("inf")

@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 
 from emulator.backends.inline import run_inline
-from emulator.collbench import _bench_program
 from emulator.config.loader import load_cluster, load_run
 from emulator.config.schema import EngineConfig, RunConfig
 from emulator.engine.netcore import NetCore, warm_up
 from emulator.errors import CollectiveMismatchError, DeadlockError
-from emulator.run import execute
+from emulator.runner.sequence import execute
+from emulator.studies.collbench import _bench_program
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS, cluster_dict
 

@@ -13,7 +13,7 @@ from emulator.engine.coordinator import drive
 from emulator.engine.placement import shard_layout
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
-from emulator.summary import summarize
+from emulator.results.summary import summarize
 from tests.conftest import CONFIGS, ROOT, cluster_dict, run_program
 
 ENGINE = ROOT / "emulator" / "engine"

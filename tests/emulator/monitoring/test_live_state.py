@@ -18,9 +18,9 @@ from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
 from emulator.monitoring import LiveState, Monitor, expected_iterations
 from emulator.monitoring.plan import work_plan
-from emulator.programs import resolve_program
-from emulator.summary import summarize
+from emulator.results.summary import summarize
 from emulator.workloads.metrics import workload_summary
+from emulator.workloads.programs import resolve_program
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict
 from tests.emulator.monitoring.helpers import ROOT

@@ -12,7 +12,7 @@ import emulator
 from emulator.cli import main
 from emulator.errors import ConfigError
 from tests.conftest import ROOT
-from tests.emulator.results.conftest import PP
+from tests.emulator.conftest import PP
 
 SMALL = {"cluster.nodes": 4, "program_args.iterations": 2}
 
@@ -73,11 +73,11 @@ def test_load_a_run_directory(pp_dir):
 
 
 def test_import_emulator_is_cheap_and_run_stays_callable():
-    """`import emulator` imports neither matplotlib nor pandas; emulator.run is callable after
-    `import emulator.run` too (the submodule of the same name)."""
+    """`import emulator` imports neither matplotlib nor pandas; emulator.run stays the notebook
+    function after the run sequence (emulator.runner.sequence) is imported."""
     code = ("import sys, emulator; assert 'matplotlib' not in sys.modules and 'pandas' not in sys.modules; "
-            "import emulator.run; assert callable(emulator.run) and callable(emulator.load); "
-            "from emulator.run import execute; print('ok')")  # fmt: skip
+            "from emulator.runner.sequence import execute; from emulator.api import run, load; "
+            "assert emulator.run is run and emulator.load is load; print('ok')")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
 

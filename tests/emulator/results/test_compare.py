@@ -7,7 +7,7 @@ import json
 from emulator.cli import main
 from emulator.results.compare import compare, flatten, result_figures
 from emulator.results.rundir import read_run_dir
-from tests.emulator.results.conftest import DP, DP_SMALL, cli_run
+from tests.emulator.conftest import DP, DP_SMALL, cli_run
 
 
 def test_compare_shows_the_deltas_of_one_knob(dp_dir, tmp_path, capsys):

@@ -8,9 +8,9 @@ import copy
 import pytest
 
 import emulator
-from emulator.summary import RankResult, RunResult, fingerprint
+from emulator.engine.result import RankResult, RunResult, fingerprint
 from tests.conftest import CONFIGS
-from tests.emulator.results.conftest import GPT175B, GPT175B_SMALL
+from tests.emulator.conftest import GPT175B, GPT175B_SMALL
 
 BLOOM = str(CONFIGS / "runs" / "bloom-560m-zero2.yaml")
 # one microbatch per data-parallel rank and one iteration: the same traffic in a few seconds

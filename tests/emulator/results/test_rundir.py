@@ -12,7 +12,7 @@ from emulator.config.typed import from_dict
 from emulator.errors import ConfigError
 from emulator.results.rundir import read_run_dir
 from emulator.results.tables import parse_rank_spec, rank_rows
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict
 

@@ -6,7 +6,7 @@ import json
 
 from emulator.results.trace import trace_document, wait_slices
 from tests.conftest import cluster_dict
-from tests.emulator.results.conftest import DP, DP_SMALL, cli_run
+from tests.emulator.conftest import DP, DP_SMALL, cli_run
 
 PHASES = {"M", "X", "i", "C"}
 

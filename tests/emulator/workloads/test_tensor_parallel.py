@@ -2,8 +2,8 @@
 
 from emulator.api import load_config
 from emulator.backends.inline import run_inline
-from emulator.estimate import ring_collective_ns
 from emulator.hardware.gpus import get_gpu
+from emulator.studies.estimate import ring_collective_ns
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.segments import layer_shape, model_segments
 from emulator.workloads.tensor_parallel import (

@@ -4,7 +4,7 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.errors import OutOfMemoryError
-from emulator.run import execute
+from emulator.runner.sequence import execute
 from emulator.workloads.memory import activation_bytes_per_layer, stage_memory
 from emulator.workloads.metrics import model_flops_per_iteration
 from emulator.workloads.pipeline import bubble_fraction

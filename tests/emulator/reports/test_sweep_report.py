@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from emulator.cli import main
-from emulator.results.sweep_report import pareto_front
-from emulator.sweep import write_sweep_csv
+from emulator.reports.sweep_report import pareto_front
+from emulator.studies.sweep import write_sweep_csv
 
 GiB = 2**30
 

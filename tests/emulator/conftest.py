@@ -1,4 +1,4 @@
-"""Run directories shared by the results tests: each example is run once per session (small sizes)."""
+"""Run directories shared by the results and reports tests: each example is run once per session (small sizes)."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def _points(path: Path, points: Any) -> list[dict]:
 
 
 def _resolve(base: Path, index: int, knobs: dict) -> Point:
-    from emulator.api import load_config
+    from emulator.config.loader import load_config
     from emulator.config.typed import to_dict
 
     point = Point(index, knobs)
@@ -172,7 +172,7 @@ def classify(exc: BaseException) -> str:
 def run_point(config) -> dict:
     """Emulate one point; the status, the one-line reason and the headline figures. Never raises
     for the run's own failures (they are the point's status)."""
-    from emulator.run import error_line, run_job
+    from emulator.runner.sequence import error_line, run_job
 
     try:
         summary = run_job(config, trace_ranks="none").summary

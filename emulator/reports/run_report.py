@@ -11,15 +11,15 @@ interrupted run gets a page saying so, with whatever figures and tables it reach
 
 from __future__ import annotations
 
-import base64
 import html
 import os
 from pathlib import Path
 
 import yaml
 
+from emulator.reports import pages
+from emulator.reports.published import published_rows
 from emulator.results import units
-from emulator.results.published import published_rows
 from emulator.results.rundir import RunTables, read_run_dir
 from emulator.results.tables import comm_split_rows, stage_memory_rows
 
@@ -49,14 +49,6 @@ HEADLINE = (
 PLOTS = (("breakdown", "ranks"), ("memory", "ranks"), ("link-utilisation", "timeline"),
          ("message-sizes", "histograms"), ("busiest-links", "links"))  # fmt: skip
 
-STYLE = (
-    "body{font-family:sans-serif;margin:2em;max-width:1250px} table{border-collapse:collapse;margin:1em 0} "
-    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left} td.n{text-align:right} img{max-width:100%} "
-    "pre{background:#f6f6f6;padding:1em} .failed{background:#fde2e1;border:1px solid #c44e52;padding:1em} "
-    ".note{color:#555;font-size:90%}"
-)
-
-
 def render_figures(data: RunTables) -> dict[str, bytes]:
     """PNG bytes of every plot whose table has rows (a failed run may have none), by name."""
     import io
@@ -79,29 +71,6 @@ def render_figures(data: RunTables) -> dict[str, bytes]:
         makers[name](data).savefig(buf, format="png", dpi=100)
         out[name] = buf.getvalue()
     return out
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    """An HTML table of already formatted cells; cells that start with a digit are right-aligned."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-
-    def cell(text: str) -> str:
-        numeric = text.lstrip("+-")[:1].isdigit()
-        return f'<td class="n">{html.escape(text)}</td>' if numeric else f"<td>{html.escape(text)}</td>"
-
-    body = "".join("<tr>" + "".join(cell(str(v)) for v in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _image(name: str, pngs: dict[str, bytes]) -> str:
-    png = pngs.get(name)
-    if png is None:
-        return ""
-    return f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-def _section(title: str, body: str) -> str:
-    return f"<h2>{html.escape(title)}</h2>\n{body}\n"
 
 
 def status_banner(summary: dict, has_tables: bool) -> str:
@@ -142,10 +111,10 @@ def published_section(data: RunTables) -> str:
     )
     cells = [[r["figure"], value(r["published"], r["unit"]), value(r["predicted"], r["unit"]),
               f"{r['error_pct']:+.1f}%"] for r in rows]  # fmt: skip
-    table = _table(cells, ["figure", "published", "emulated", "error"])
+    table = pages.table(cells, ["figure", "published", "emulated", "error"])
     case, source = html.escape(rows[0]["case"]), html.escape(rows[0]["source"])
     source = f'<p class="note">This run is the validation case "{case}" ({source}).</p>'
-    return _section("Published measurement", lines + table + source)
+    return pages.section("Published measurement", lines + table + source)
 
 
 def _ideal_bubble_note(config: dict) -> str:
@@ -174,11 +143,11 @@ def time_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     means = [(label, sum(r[c] for r in ranks) / n) for label, c in parts]
     rows = [[label, units.duration_ns(ns), units.percent(ns / run_ns)] for label, ns in means]
     split = [[r["part"], units.duration_ns(r["mean_ns"]), units.percent(r["fraction"])] for r in comm_split_rows(ranks)]
-    body = (_table(rows, ["part", "per rank (mean)", "of the run time"])
+    body = (pages.table(rows, ["part", "per rank (mean)", "of the run time"])
             + "<h3>Communication the compute stream waited for, per parallelism dimension</h3>"
-            + _table(split, ["dimension (stream)", "per rank (mean)", "of the run time"])
-            + _ideal_bubble_note(data.config) + _image("breakdown", pngs))  # fmt: skip
-    return _section("Where the time went", body)
+            + pages.table(split, ["dimension (stream)", "per rank (mean)", "of the run time"])
+            + _ideal_bubble_note(data.config) + pages.image("breakdown", pngs))  # fmt: skip
+    return pages.section("Where the time went", body)
 
 
 def memory_section(data: RunTables, pngs: dict[str, bytes]) -> str:
@@ -189,7 +158,7 @@ def memory_section(data: RunTables, pngs: dict[str, bytes]) -> str:
               units.memory(r["predicted_peak_bytes"]), units.memory(r["capacity_bytes"]),
               units.percent(r["fraction_of_capacity"])] for r in rows]  # fmt: skip
     header = ["stage", "GPU", "ranks", "peak (emulated)", "predicted (emulator check)", "capacity", "of capacity"]
-    return _section("Memory per pipeline stage", _table(cells, header) + _image("memory", pngs))
+    return pages.section("Memory per pipeline stage", pages.table(cells, header) + pages.image("memory", pngs))
 
 
 def traffic_section(data: RunTables, pngs: dict[str, bytes]) -> str:
@@ -202,10 +171,10 @@ def traffic_section(data: RunTables, pngs: dict[str, bytes]) -> str:
     if not rows:
         return ""
     header = ["tier", "bytes", "messages", "mean throughput", "link utilisation"]
-    body = _table(rows, header) + _image("link-utilisation", pngs)
+    body = pages.table(rows, header) + pages.image("link-utilisation", pngs)
     if "message-sizes" in pngs:
-        body += "<h3>Message sizes</h3>" + _image("message-sizes", pngs)
-    return _section("Traffic per tier", body)
+        body += "<h3>Message sizes</h3>" + pages.image("message-sizes", pngs)
+    return pages.section("Traffic per tier", body)
 
 
 def links_section(data: RunTables, pngs: dict[str, bytes]) -> str:
@@ -216,11 +185,11 @@ def links_section(data: RunTables, pngs: dict[str, bytes]) -> str:
              units.traffic(r["bytes"]), units.percent(r["utilisation"]), units.duration_ns(r["peak_queue_ns"])]
             for r in busiest]  # fmt: skip
     header = ["link", "tier", "from", "to", "bandwidth", "bytes", "utilisation", "longest queueing"]
-    return _section("Busiest links", _table(rows, header) + _image("busiest-links", pngs))
+    return pages.section("Busiest links", pages.table(rows, header) + pages.image("busiest-links", pngs))
 
 
 def faults_section(data: RunTables) -> str:
-    """The faults of the run (emulator/faults.py): the slowed ranks with the compute time each lost,
+    """The faults of the run (emulator/engine/faults.py): the slowed ranks with the compute time each lost,
     and the degraded links with their bandwidth and load; empty for a run without faults."""
     faults = data.summary.get("faults")
     if not faults:
@@ -234,7 +203,8 @@ def faults_section(data: RunTables) -> str:
     if stragglers:
         rows = [[r["rank"], r["node"], f"{r['slowdown']:.4g}x", units.duration_ns(r["compute_ns"]),
                  units.duration_ns(r["lost_ns"])] for r in stragglers]  # fmt: skip
-        body += "<h3>Stragglers</h3>" + _table(rows, ["rank", "node", "compute slowdown", "compute", "compute lost"])
+        header = ["rank", "node", "compute slowdown", "compute", "compute lost"]
+        body += "<h3>Stragglers</h3>" + pages.table(rows, header)
         body += ('<p class="note">Compute lost: the rank\'s compute time minus what it would have been '
                  "without faults. In a synchronous job every collective waits for the slowest member, "
                  "so the others lose about as much, as exposed communication.</p>")  # fmt: skip
@@ -245,13 +215,13 @@ def faults_section(data: RunTables) -> str:
                  units.traffic(by_name[name]["bytes"]), units.percent(by_name[name]["utilisation"])]
                 for name, factor in list(degraded.items())[:20] if name in by_name]  # fmt: skip
         shown = "" if len(degraded) <= 20 else f" (20 of {len(degraded)})"
-        body += f"<h3>Degraded links{shown}</h3>" + _table(rows, ["link", "bandwidth left", "bandwidth", "bytes",
+        body += f"<h3>Degraded links{shown}</h3>" + pages.table(rows, ["link", "bandwidth left", "bandwidth", "bytes",
                                                                   "utilisation"])  # fmt: skip
-    return _section("Faults", body)
+    return pages.section("Faults", body)
 
 
 def jobs_section(data: RunTables) -> str:
-    """A run with ``jobs`` (emulator/jobs.py): each job's headline figures and where it ran."""
+    """A run with ``jobs`` (emulator/runner/jobs.py): each job's headline figures and where it ran."""
     jobs = data.summary.get("jobs")
     if not jobs:
         return ""
@@ -271,7 +241,7 @@ def jobs_section(data: RunTables) -> str:
               "placement"]  # fmt: skip
     note = ('<p class="note">The jobs share this run\'s network: the traffic and link tables below are their '
             "combined traffic. Each job's own figures and ranks are in <code>jobs/&lt;name&gt;/</code>.</p>")
-    return _section("Jobs", _table(rows, header) + note)
+    return pages.section("Jobs", pages.table(rows, header) + note)
 
 
 def trace_section(trace: Path | None, page: Path | None) -> str:
@@ -279,7 +249,7 @@ def trace_section(trace: Path | None, page: Path | None) -> str:
         return ""
     href = os.path.relpath(trace, page.parent) if page is not None else str(trace)
     size = units.traffic(trace.stat().st_size)
-    return _section("Trace", (
+    return pages.section("Trace", (
         f'<p><a href="{html.escape(Path(href).as_posix())}">{html.escape(trace.name)}</a> ({size}): the traced '
         "ranks' operations, one track per GPU stream, with waits and link utilisation. Open it in "
         '<a href="https://ui.perfetto.dev">ui.perfetto.dev</a> ("Open trace file", or drop the file on the page) '
@@ -291,7 +261,7 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
     has_tables = bool(data.ranks or data.links)
     sections = [
         status_banner(s, has_tables),
-        _section("Summary", _table(headline_rows(s), ["figure", "value"])),
+        pages.section("Summary", pages.table(headline_rows(s), ["figure", "value"])),
         published_section(data),
         jobs_section(data),
         faults_section(data),
@@ -300,28 +270,17 @@ def render_html(data: RunTables, pngs: dict[str, bytes], trace: Path | None = No
         traffic_section(data, pngs),
         links_section(data, pngs),
         trace_section(trace, page),
-        _section("Resolved config", f"<pre>{html.escape(yaml.safe_dump(data.config, sort_keys=False))}</pre>"),
+        pages.section("Resolved config", f"<pre>{html.escape(yaml.safe_dump(data.config, sort_keys=False))}</pre>"),
     ]
-    return html_page(f"Run report: {s.get('name', '')}", "".join(part for part in sections if part))
-
-
-def html_page(title: str, body: str) -> str:
-    """A self-contained page: ``title`` (plain text) as its title and heading, ``body`` (HTML)."""
-    title = html.escape(title)
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>{STYLE}</style>
-</head><body><h1>{title}</h1>
-{body}</body></html>
-"""
+    return pages.html_page(f"Run report: {s.get('name', '')}", "".join(part for part in sections if part))
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, list[Path]]:
     """Write the PNGs and the HTML page; returns the page and the PNG paths. A sweep directory
-    (``sweep.csv``, no ``summary.json``) gets the sweep's page (emulator/results/sweep_report.py)."""
+    (``sweep.csv``, no ``summary.json``) gets the sweep's page (emulator/reports/sweep_report.py)."""
     page = Path(out) if out else Path(run_dir) / "report.html"
     if (Path(run_dir) / "sweep.csv").is_file() and not (Path(run_dir) / "summary.json").is_file():
-        from emulator.results.sweep_report import write_sweep_report
+        from emulator.reports.sweep_report import write_sweep_report
 
         page.parent.mkdir(parents=True, exist_ok=True)
         return write_sweep_report(Path(run_dir), page)

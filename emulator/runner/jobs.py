@@ -1,5 +1,6 @@
-"""Running several jobs on one cluster: every rank runs its job's program, seeing the job's ranks;
-each job's results are cut out of the run's.
+"""Several jobs on one cluster: each job's results cut out of the run's, and its run directory.
+Every rank runs its job's program, seeing the job's ranks (``jobs_program`` in
+emulator/workloads/programs.py).
 
     emulator run configs/runs/two-jobs-shared-nics.yaml --out runs/shared
     emulator compare runs/alone runs/shared/jobs/a      # a job's folder is a run directory
@@ -17,33 +18,12 @@ has its ranks numbered as the job sees them (``node`` is the cluster node).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
-from emulator.summary import RunResult, fingerprint, iteration_times_ns
-
-
-def jobs_program(config) -> Callable:
-    """The program of every rank of a run with ``jobs``: its job's program, on the job's view of
-    the GPU (called once per shard, like any program)."""
-    from emulator.engine.api import JobRanks
-    from emulator.programs import resolve_program
-
-    entries = []
-    owner: dict[int, int] = {}
-    for index, job in enumerate(config.jobs):
-        program, args = resolve_program(job.run)
-        entries.append((JobRanks(job.name, job.ranks, job.run.training.precision), program, args, job.run))
-        owner.update(dict.fromkeys(job.ranks, index))
-
-    def program(gpu) -> None:
-        index = owner.get(gpu.rank)
-        if index is None:
-            return  # a GPU no job occupies stays idle
-        ranks, job_program, args, job_config = entries[index]
-        job_program(gpu.for_job(ranks, args, job_config))
-
-    return program
+from emulator.engine.result import RunResult, fingerprint, iteration_times_ns
+from emulator.results import tables
+from emulator.results.rundir import write_csv, write_run_dir
+from emulator.workloads.metrics import workload_summary
 
 
 class JobTopology:
@@ -85,8 +65,6 @@ def job_summary(job, result: RunResult, topo) -> dict:
         "fingerprint": fingerprint(own),  # of its ranks' figures only
     }
     if job.run.model is not None and len(own.ranks) == own.world_size:
-        from emulator.workloads.metrics import workload_summary
-
         summary.update(workload_summary(job.run, own, JobTopology(topo, job.ranks)))
     return summary
 
@@ -98,8 +76,6 @@ def job_summaries(config, result: RunResult, topo) -> list[dict]:
 def write_job_dirs(out_dir: Path, config, summary: dict, result: RunResult, topo) -> None:
     """``jobs/<name>/``: each job's ``config.yaml`` (its run as its program saw it), ``summary.json``
     and ``ranks.csv``, a run directory that ``emulator compare`` and ``report`` read."""
-    from emulator.results import tables
-    from emulator.results.rundir import write_csv, write_run_dir
 
     by_name = {s["name"]: s for s in summary.get("jobs", [])}
     for job in config.jobs:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from emulator.cli import main
+from emulator.reports.published import published_rows
 from emulator.results.plots import breakdown_groups
-from emulator.results.published import published_rows
 from emulator.results.rundir import read_run_dir
 from emulator.results.tables import comm_split_rows, stage_memory_rows
 from tests.conftest import CONFIGS

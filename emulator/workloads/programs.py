@@ -1,4 +1,5 @@
-"""Finding the program every rank runs: a user's ``path.py:function`` or the built-in workload."""
+"""Finding the program every rank runs: a user's ``path.py:function``, the built-in workload, or,
+for a run with ``jobs``, each rank's job's program on the job's view of the GPU."""
 
 from __future__ import annotations
 
@@ -95,13 +96,34 @@ def forget_program(spec: str) -> None:
 
 def resolve_program(config) -> tuple[Callable, dict]:
     """The program and its arguments for a run config (called inside every shard process); for a
-    run with ``jobs``, each rank's job's program (emulator/jobs.py)."""
+    run with ``jobs``, each rank's job's program (:func:`jobs_program`)."""
     if getattr(config, "jobs", None):
-        from emulator.jobs import jobs_program
-
         return jobs_program(config), {}
     if config.program is not None:
         return load_program(config.program), dict(config.program_args)
     from emulator.workloads.training import training_program
 
     return training_program(config), dict(config.program_args)
+
+
+def jobs_program(config) -> Callable:
+    """The program of every rank of a run with ``jobs``: its job's program, on the job's view of
+    the GPU (called once per shard, like any program). Where each job runs comes from
+    emulator/config/jobs.py; the rank mapping is the mock GPU API's (``GPU.for_job``)."""
+    from emulator.engine.api import JobRanks
+
+    entries = []
+    owner: dict[int, int] = {}
+    for index, job in enumerate(config.jobs):
+        program, args = resolve_program(job.run)
+        entries.append((JobRanks(job.name, job.ranks, job.run.training.precision), program, args, job.run))
+        owner.update(dict.fromkeys(job.ranks, index))
+
+    def program(gpu) -> None:
+        index = owner.get(gpu.rank)
+        if index is None:
+            return  # a GPU no job occupies stays idle
+        ranks, job_program, args, job_config = entries[index]
+        job_program(gpu.for_job(ranks, args, job_config))
+
+    return program

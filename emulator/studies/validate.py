@@ -32,8 +32,8 @@ from emulator.backends.inline import run_inline
 from emulator.config.loader import CONFIG_ROOT, load_cluster, resolve_reference
 from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
-from emulator.summary import iteration_times_ns
-from emulator.validation_cases import (
+from emulator.engine.result import iteration_times_ns
+from emulator.studies.validation_cases import (
     ACTIVATION_CASES,
     ACTIVATION_PER_LAYER,
     KORTHIKANTI,
@@ -170,7 +170,7 @@ def _row(case: str, predicted: float, published: float, unit: str, source: str) 
 
 
 def run_validation(only: str | None = None) -> list[dict]:
-    from emulator.collbench import collbench
+    from emulator.studies.collbench import collbench
 
     rows = []
     for name, preset, gpus, busbw, source in NCCL_BUSBW:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from emulator.errors import OutOfMemoryError
-from emulator.validate import (
+from emulator.studies.validate import (
     emulated_activation_bytes,
     formula_value,
     iteration_s,
@@ -16,9 +16,9 @@ from emulator.validate import (
     run_validation,
     table5_config,
 )
-from emulator.validation_cases import ACTIVATION_CASES, ACTIVATION_PER_LAYER, TABLE4_22B_MS, TABLE5
+from emulator.studies.validation_cases import ACTIVATION_CASES, ACTIVATION_PER_LAYER, TABLE4_22B_MS, TABLE5
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "published.yaml"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "published.yaml"
 
 
 @pytest.mark.parametrize("key", sorted(TABLE4_22B_MS))

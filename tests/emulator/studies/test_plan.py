@@ -10,7 +10,7 @@ import pytest
 from emulator.api import load_config, run
 from emulator.errors import ConfigError
 from emulator.hardware.gpus import get_gpu
-from emulator.plan import (
+from emulator.studies.plan import (
     KNOBS,
     balanced_layers,
     enumerate_candidates,
@@ -23,7 +23,7 @@ from emulator.plan import (
 from emulator.workloads.memory import stage_memory
 from netmodel.topology import Topology
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_22B = ROOT / "configs" / "runs" / "megatron-22b-8gpu.yaml"
 
 

@@ -343,7 +343,7 @@ def iteration_source(args) -> tuple[str, int, float, str]:
     The input is a run file, emulated once unless ``--iteration-s`` is given, or a run directory
     (its ``config.yaml`` and ``summary.json``).
     """
-    from emulator.api import load_config
+    from emulator.config.loader import load_config
 
     path = Path(args.run)
     if path.is_dir():
@@ -357,7 +357,7 @@ def iteration_source(args) -> tuple[str, int, float, str]:
         config = load_config(path, args.overrides)
         iteration_s, source = args.iteration_s, "given"
         if iteration_s is None:
-            from emulator.run import run_job
+            from emulator.runner.sequence import run_job
 
             iteration_s = run_job(config, trace_ranks="none").summary.get("iteration_time_s")
             source = "emulated"

@@ -12,12 +12,13 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from emulator.reports import pages
 from emulator.results import units
 from emulator.results.rundir import read_csv
 
 
 def _figure(row: dict, key: str) -> float | None:
-    from emulator.sweep import number
+    from emulator.studies.sweep import number
 
     return number(row.get(key))
 
@@ -106,8 +107,7 @@ def _cell(row: dict, key: str) -> str:
 
 
 def render_sweep_html(name: str, rows: list[dict], pngs: dict[str, bytes]) -> str:
-    from emulator.results.report import _image, _section, _table, html_page
-    from emulator.sweep import knob_columns
+    from emulator.studies.sweep import knob_columns
 
     knobs = knob_columns(rows)
     front = {r["point"] for r in pareto_front(rows)}
@@ -120,11 +120,11 @@ def render_sweep_html(name: str, rows: list[dict], pngs: dict[str, bytes]) -> st
     body = (
         f"<p>{len(rows)} points, {ok} ok. The Pareto front holds the points no other point beats on both "
         "iteration time and peak memory.</p>"
-        + _section("Points", _table(table, header))
-        + _section("Throughput", _image("throughput", pngs))
-        + _section("Memory against iteration time", _image("pareto", pngs))
+        + pages.section("Points", pages.table(table, header))
+        + pages.section("Throughput", pages.image("throughput", pngs))
+        + pages.section("Memory against iteration time", pages.image("pareto", pngs))
     )
-    return html_page(f"Sweep report: {name}", body)
+    return pages.html_page(f"Sweep report: {name}", body)
 
 
 def write_sweep_report(sweep_dir: Path, page: Path) -> tuple[Path, list[Path]]:

@@ -1,4 +1,4 @@
-"""emulator/estimate.py: its network terms, and the whole estimate against the emulation (each
+"""emulator/studies/estimate.py: its network terms, and the whole estimate against the emulation (each
 technique's own closed forms: tests/emulator/workloads/test_{pipeline,data_parallel,tensor_parallel}.py)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from emulator.api import load_config, run
-from emulator.estimate import Estimator, estimate, p2p_ns, ring_collective_ns
+from emulator.studies.estimate import Estimator, estimate, p2p_ns, ring_collective_ns
 from emulator.workloads.memory import stage_memory
 from netmodel.collectives.analytic import closed_form
 from netmodel.collectives.base import CollectiveCall
 from netmodel.topology import Topology
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUNS = ROOT / "configs" / "runs"
 
 

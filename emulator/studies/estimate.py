@@ -1,9 +1,9 @@
 """Closed-form iteration time of the built-in training workload: about a millisecond a config, no events.
 
-    python -c "from emulator.api import load_config; from emulator.estimate import estimate; \
+    python -c "from emulator.config.loader import load_config; from emulator.studies.estimate import estimate; \
 print(estimate(load_config('configs/runs/megatron-22b-8gpu.yaml')))"
 
-The planner (emulator/plan.py) ranks thousands of parallelisations with this estimate and emulates
+The planner (emulator/studies/plan.py) ranks thousands of parallelisations with this estimate and emulates
 only the best few. Each parallelism technique is described once, in its module under
 emulator/workloads/, which the emulated program (training.py) runs and this estimate times, so
 that the two can only differ in how events interleave, never in what is computed or sent:
@@ -144,7 +144,7 @@ class Estimator:
     def stage_pass_ns(self, config) -> list[tuple[int, int]]:
         """Per pipeline stage: (one layer's forward + backward, the embedding's or logits' forward +
         backward) for one microbatch, on the stage's GPU type and tensor group; what an uneven
-        partition (emulator/plan.py) balances. ``config`` only needs its shape and placement: its
+        partition (emulator/studies/plan.py) balances. ``config`` only needs its shape and placement: its
         layers need not divide evenly."""
         p = config.parallel
         layout = layout_of(config)

@@ -1,10 +1,10 @@
 """The published measurement of a run, when the run is one of ``emulator validate``'s cases.
 
-    from emulator.results.published import published_rows
+    from emulator.reports.published import published_rows
     data = read_run_dir("runs/175b")
     published_rows(data.config, data.summary)   # [{"figure": "iteration time", "published": 13.75, ...}]
 
-A run matches a case of Korthikanti et al. 2022 Table 5 (emulator/validation_cases.py) when its
+A run matches a case of Korthikanti et al. 2022 Table 5 (emulator/studies/validation_cases.py) when its
 resolved cluster, model, parallelisation and training settings equal the case's exactly (the run's
 name, the number of iterations and the engine settings aside), as `configs/runs/megatron-22b-8gpu.yaml`
 and `megatron-175b-64gpu.yaml` do. A run that differs in anything else (another batch size, ZeRO,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from emulator.validation_cases import KORTHIKANTI, TABLE5
+from emulator.studies.validation_cases import KORTHIKANTI, TABLE5
 
 # Sections of the resolved config that define the job; name, engine and iterations do not change the
 # iteration time a paper would report.
@@ -33,7 +33,7 @@ def _job(config: dict) -> dict:
 def _cases() -> list[tuple[dict, str, float, float | None]]:
     """(job, case name, published iteration s, published MFU or None) for every Table 5 case."""
     from emulator.config.typed import to_dict
-    from emulator.validate import table5_config
+    from emulator.studies.validate import table5_config
 
     cases = []
     for row in TABLE5:
@@ -46,7 +46,7 @@ def _cases() -> list[tuple[dict, str, float, float | None]]:
 
 
 def _row(case: str, figure: str, published: float, emulated: float, unit: str) -> dict:
-    from emulator.validate import _row as validation_row  # the same row `emulator validate` prints
+    from emulator.studies.validate import _row as validation_row  # the same row `emulator validate` prints
 
     return {**validation_row(case, emulated, published, unit, f"{KORTHIKANTI}, Table 5"), "figure": figure}
 

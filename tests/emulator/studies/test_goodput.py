@@ -12,7 +12,8 @@ import pytest
 
 from emulator.api import load_config
 from emulator.errors import ConfigError
-from emulator.goodput import (
+from emulator.runner.sequence import run_job
+from emulator.studies.goodput import (
     add_goodput_parser,
     analyse,
     best_checkpoint_every,
@@ -25,9 +26,8 @@ from emulator.goodput import (
     simulate,
     young_interval_s,
 )
-from emulator.run import run_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_22B = ROOT / "configs" / "runs" / "megatron-22b-8gpu.yaml"
 LN2 = math.log(2.0)
 

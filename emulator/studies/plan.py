@@ -8,8 +8,8 @@ dividing the heads), pipeline stages (dividing the layers evenly), data parallel
 world), virtual stages (interleaved 1F1B), micro-batch size, sequence parallelism, recomputation,
 ZeRO stage and schedule - at most :data:`MAX_CANDIDATES`. Each gets the memory model of the
 emulation (emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form
-estimate of emulator/estimate.py; the ``--top`` fastest that fit are emulated side by side with
-the sweep machinery (emulator/sweep.py). ``DIR/plan.csv`` has one row per candidate,
+estimate of emulator/studies/estimate.py; the ``--top`` fastest that fit are emulated side by side with
+the sweep machinery (emulator/studies/sweep.py). ``DIR/plan.csv`` has one row per candidate,
 ``DIR/emulated/`` the sweep of the emulated ones, ``DIR/best.yaml`` the run file of the best plan
 (the best emulated one; the best estimated one when none was emulated), ready for ``emulator run``.
 
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from emulator.errors import ConfigError
-from emulator.estimate import Estimate, Estimator
-from emulator.sweep import number  # the sweep's reading of a CSV figure (None when absent)
+from emulator.studies.estimate import Estimate, Estimator
+from emulator.studies.sweep import number  # the sweep's reading of a CSV figure (None when absent)
 
 MAX_CANDIDATES = 100_000  # the enumeration stops here (and says so)
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large models do not fit anyway
@@ -161,7 +161,7 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
     ``emulator run`` would (the RunConfig rules and the layer shape's divisibility rules); the
     combinations that fail are counted, not kept. On a heterogeneous cluster, uneven partitions
     (:func:`uneven_partitions`) join the even ones, timed by ``estimator`` (an
-    :class:`~emulator.estimate.Estimator` of the cluster; built when not given).
+    :class:`~emulator.studies.estimate.Estimator` of the cluster; built when not given).
     """
     from emulator.config.schema import ParallelConfig, RunConfig
     from emulator.workloads.data_parallel import zero_stages
@@ -322,8 +322,8 @@ def plan(run_file: str | Path, top: int = 5, out: str | Path | None = None, work
 
     Raises ConfigError for a run without a model, a negative ``top`` or nothing that fits.
     """
-    from emulator.api import load_config
-    from emulator.sweep import make_sweep, run_sweep
+    from emulator.config.loader import load_config
+    from emulator.studies.sweep import make_sweep, run_sweep
     from netmodel.topology import Topology
 
     if top < 0:

@@ -1,4 +1,4 @@
-"""Several jobs on one cluster (emulator/config/jobs.py, emulator/jobs.py): validation, placement,
+"""Several jobs on one cluster (emulator/config/jobs.py, emulator/runner/jobs.py): validation, placement,
 job-local ranks, equality with the jobs run alone, contention where they share links, shards."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from emulator.config.typed import from_dict
 from emulator.engine.placement import shard_layout
 from emulator.engine.settings import EngineSettings
 from emulator.errors import ConfigError, ProgramError
-from emulator.run import execute, run_job
+from emulator.runner.sequence import execute, run_job
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS, cluster_dict
 
@@ -203,8 +203,8 @@ def test_programs_see_job_ranks_and_each_job_gets_a_run_directory(tmp_path):
     assert json.loads((folder / "summary.json").read_text())["iterations"] == 2
     again = load_run(tmp_path / "run/config.yaml")  # the resolved config reruns the same run
     assert execute(again)[0]["fingerprint"] == done.summary["fingerprint"]
+    from emulator.reports.run_report import write_report
     from emulator.results.compare import compare
-    from emulator.results.report import write_report
 
     rows = {r["key"]: r for r in compare(tmp_path / "run", tmp_path / "run")["results"]}
     assert "jobs.a.iteration_time_s" in rows and write_report(tmp_path / "run")[0].is_file()

@@ -4,7 +4,7 @@ call :func:`run_job`.
     emulator run configs/examples/ping-pong.yaml --out runs/pp
 
 Order (:func:`prepare`, then :func:`run_job`): check the backend choice, refuse a run this host
-cannot hold (:func:`emulator.budget.require_fits`), build the topology (once per run), parse the
+cannot hold (:func:`emulator.runner.budget.require_fits`), build the topology (once per run), parse the
 traced ranks, write ``config.yaml`` (so that a run that fails keeps it), run, then write ``summary.json`` and
 every table, for a completed run or for what a stopped one reached (``status`` failed or
 interrupted), and hand the final figures to the monitor, if any.
@@ -13,15 +13,19 @@ interrupted), and hand the final figures to the monitor, if any.
 from __future__ import annotations
 
 import math
-import sys
 import time
-import types
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from emulator.engine.result import RunResult
 from emulator.errors import ConfigError, EmulatorError
-from emulator.summary import RunResult, summarize
+from emulator.results.rundir import RunTables, build_tables, write_config, write_results, write_run_dir
+from emulator.results.summary import summarize
+from emulator.results.tables import parse_rank_spec
+from emulator.runner.budget import require_fits
+from emulator.runner.jobs import job_summaries, write_job_dirs
+from emulator.workloads.metrics import workload_summary
 from netmodel.topology import Topology
 
 BACKENDS = ("inline", "ray")
@@ -39,7 +43,7 @@ class FinishedRun:
     summary: dict
     result: RunResult
     topo: Topology
-    tables: object  # emulator.results.rundir.RunTables
+    tables: RunTables
     run_dir: Path | None
 
 
@@ -62,9 +66,6 @@ def prepare(config, backend: str = "inline", shards: int = 1, trace_ranks="defau
     """The checks and the topology of a run, in the run's order: the backend choice, the host memory
     (inline: one process holds the run; refused in one line before anything of its size is built,
     since the topology of 10^6 GPUs alone takes seconds), then the topology and the traced ranks."""
-    from emulator.budget import require_fits
-    from emulator.results.tables import parse_rank_spec
-
     check_backend(backend, shards)
     check_memory = backend == "inline"  # on Ray the shards' hosts hold the run
     if check_memory:
@@ -90,8 +91,6 @@ def run_job(config, out: str | Path | None = None, backend: str = "inline", shar
     afterwards (``linger``) is the caller's choice. A run that raises writes what it reached to
     ``out`` before the error goes on.
     """
-    from emulator.results.rundir import build_tables, write_config, write_results
-
     if prepared is None:
         prepared = prepare(config, backend, shards, trace_ranks)
     topo = prepared.topo
@@ -110,10 +109,19 @@ def run_job(config, out: str | Path | None = None, backend: str = "inline", shar
     if monitor is not None:
         monitor.finish(summary, result)
     if out is not None:
-        out, tables = write_results(out, config, summary, result, topo)
+        out, tables = write_outputs(out, config, summary, result, topo)
     else:
         tables = build_tables(config, summary, result, topo)
     return FinishedRun(summary, result, topo, tables, out)
+
+
+def write_outputs(out_dir: str | Path, config, summary: dict, result: RunResult, topo) -> tuple[Path, RunTables]:
+    """The whole run directory (emulator/results/rundir.py) and, for a run with ``jobs``, each job's
+    folder under ``jobs/<name>/``; returns the directory and the run's tables."""
+    out, tables = write_results(out_dir, config, summary, result, topo)
+    if config.jobs:
+        write_job_dirs(out, config, summary, result, topo)
+    return out, tables
 
 
 def execute(config, backend: str = "inline", shards: int = 1, address: str | None = None, observer=None,
@@ -141,12 +149,8 @@ def execute(config, backend: str = "inline", shards: int = 1, address: str | Non
         summary = {"status": "completed", **summarize(result, topo, wall, backend, shards)}
         summary["name"] = config.name
         if config.model is not None:
-            from emulator.workloads.metrics import workload_summary
-
             summary.update(workload_summary(config, result, topo))
         if config.jobs:
-            from emulator.jobs import job_summaries
-
             summary["jobs"] = job_summaries(config, result, topo)
     except BaseException as exc:
         exc.run_summary = failure_summary(config, exc, backend, shards, time.perf_counter() - start, topo)
@@ -183,8 +187,6 @@ def failure_summary(config, exc: BaseException, backend: str, shards: int, wall_
         reached_ns = max((r.final_time_ns for r in partial.ranks), default=0)
         summary["ranks_missing"] = config.cluster.world_size - len(partial.ranks)
         if config.jobs:
-            from emulator.jobs import job_summaries
-
             summary["jobs"] = job_summaries(config, partial, topo)
     else:
         reached_ns = stats.virtual_time_ns if stats is not None and math.isfinite(stats.virtual_time_ns) else 0
@@ -211,28 +213,12 @@ def write_failed_run(out_dir: Path, config, exc: BaseException, topo: Topology |
     """Write what a run that raised ``exc`` reached (``exc.run_summary`` from :func:`execute`) to
     ``summary.json``, with every table too when the shards reported their results so far; returns
     the summary's path, or None when ``exc`` did not come out of a run."""
-    from emulator.results.rundir import write_results, write_run_dir
-
     summary = getattr(exc, "run_summary", None)
     if summary is None:
         return None
     partial = getattr(exc, "partial_result", None)
     if partial is not None:
-        write_results(out_dir, config, summary, partial, topo if topo is not None else Topology(config.cluster))
+        write_outputs(out_dir, config, summary, partial, topo if topo is not None else Topology(config.cluster))
     else:
         write_run_dir(out_dir, config, summary)
     return out_dir / "summary.json"
-
-
-class _CallableModule(types.ModuleType):
-    """Importing this module makes it the attribute ``emulator.run`` (Python sets submodules on their
-    package), which the notebook API also needs as a function: calling the module runs
-    :func:`emulator.api.run`, so ``emulator.run("configs/examples/ping-pong.yaml")`` always works."""
-
-    def __call__(self, *args, **kwargs):
-        from emulator.api import run
-
-        return run(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

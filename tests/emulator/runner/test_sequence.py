@@ -1,4 +1,4 @@
-"""The run sequence (emulator/run.py): one path for ``emulator run`` and ``emulator.run``, and what a
+"""The run sequence (emulator/runner/sequence.py): one path for ``emulator run`` and ``emulator.run``, and what a
 run that stops early (Ctrl-C, a program error, OOM) leaves in its run directory."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from emulator.cli import main
 from emulator.config.loader import load_run
 from emulator.errors import ProgramError
-from emulator.run import run_job
+from emulator.runner.sequence import run_job
 
 PROGRAM = textwrap.dedent('''
     def stops(gpu):
@@ -99,7 +99,7 @@ def test_monitor_gets_the_end_of_a_failed_run(tmp_path):
 def test_monitor_gets_a_completed_run(tmp_path):
     run = tmp_path / "pp.yaml"
     run.write_text("cluster: {from: dgx-a100-hdr, nodes: 2}\nprogram: "
-                   f"{Path(__file__).parents[2] / 'configs/examples/programs.py'}:ping_pong\n")  # fmt: skip
+                   f"{Path(__file__).parents[3] / 'configs/examples/programs.py'}:ping_pong\n")  # fmt: skip
     monitor = FakeMonitor()
     done = run_job(load_run(run), monitor=monitor)
     (summary, result), = monitor.finished
@@ -109,7 +109,7 @@ def test_monitor_gets_a_completed_run(tmp_path):
 def test_a_run_this_host_cannot_hold_is_refused_before_it_starts(tmp_path, capsys):
     """800,000 GPUs: one line naming the host memory it would need, exit 2, nothing written."""
     out = tmp_path / "run"
-    rc = main(["run", str(Path(__file__).parents[2] / "configs/runs/bloom-560m-zero2.yaml"), "--out", str(out),
+    rc = main(["run", str(Path(__file__).parents[3] / "configs/runs/bloom-560m-zero2.yaml"), "--out", str(out),
                "--set", "cluster.nodes=100000", "--set", "parallel.data=800000",
                "--set", "training.global_batch_size=3200000"])  # fmt: skip
     assert rc == 2
@@ -134,8 +134,8 @@ def test_one_topology_per_run_and_no_import_circle(tmp_path, monkeypatch):
         original(self, cluster, *args, **kwargs)
 
     monkeypatch.setattr(netmodel.topology.Topology, "__init__", counting)
-    run = Path(__file__).parents[2] / "configs/examples/ping-pong.yaml"
+    run = Path(__file__).parents[3] / "configs/examples/ping-pong.yaml"
     assert main(["run", str(run), "--out", str(tmp_path / "pp"), "--set", "program_args.iterations=1"]) == 0
     assert built.count(256) == 1
-    code = "import sys, emulator.results.rundir, emulator.results.report; print('emulator.run' in sys.modules)"
+    code = "import sys, emulator.results.rundir, emulator.reports.run_report; print('emulator.run' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

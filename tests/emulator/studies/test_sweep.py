@@ -10,9 +10,9 @@ import pytest
 
 from emulator.cli import main
 from emulator.errors import ConfigError
-from emulator.sweep import format_rows, load_sweep, run_sweep
+from emulator.studies.sweep import format_rows, load_sweep, run_sweep
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 PROGRAMS = textwrap.dedent('''
     from pathlib import Path

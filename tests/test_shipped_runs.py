@@ -1,0 +1,55 @@
+"""Every shipped run file gives the fingerprint it gave before: the results of the presets and
+examples change only when a change means them to (then update the row here and say why in the
+commit). Fingerprints recorded on b6dd35e, the layout before emulator/ was split into packages.
+
+    python -m pytest -q tests/test_shipped_runs.py            # the quick ones
+    python -m pytest -q tests/test_shipped_runs.py -m slow    # the 1024- and 3072-GPU runs too
+
+Failing examples (deadlock, mismatch, OOM, a node failure) stop with exit 2 and still write a
+summary.json whose fingerprint covers what they reached.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emulator.cli import main
+from tests.conftest import CONFIGS
+
+# run file -> (exit code, fingerprint); one row per file in configs/examples and configs/runs
+SHIPPED = {
+    "examples/data-parallel.yaml": (0, "e2026588abdbdf73e34d8c0e341a64cc"),
+    "examples/deadlock.yaml": (2, "95a7d35433cb0ad7d1f944742268ffb2"),
+    "examples/mismatch.yaml": (2, "2b8dc552de4146786d5e33ddd859fdec"),
+    "examples/node-failure.yaml": (2, "c150b89f27d5bb42ccc24b5946018ab3"),
+    "examples/oom.yaml": (2, "b95966e5ae2bf6e31cce5bccf99ca328"),
+    "examples/ping-pong.yaml": (0, "c43206c990114e789c6956d44810c0f4"),
+    "runs/bloom-560m-straggler.yaml": (0, "0d6644eab6ec74bd0bbf46b69248ace6"),
+    "runs/bloom-560m-zero2.yaml": (0, "4c4748a07e64731ae9128fceba519c9b"),
+    "runs/gpt3-175b-1024gpu.yaml": (0, "fcca0e49fabb57b33390edc058cfdab9"),
+    "runs/hetero-uneven-pipeline-planned.yaml": (0, "79413835c341bdfdc388a92116648044"),
+    "runs/hetero-uneven-pipeline.yaml": (0, "78e7918ecbc726b86afe292c0e0166de"),
+    "runs/llama3-8b-64gpu.yaml": (0, "be72b56b0265886cd77d435ccecddfd0"),
+    "runs/megatron-175b-64gpu.yaml": (0, "f22ed71d66a1d7b1c9f75f8c25fe4477"),
+    "runs/megatron-1t-3072gpu.yaml": (0, "f671615fdce7f3a0329c5aef0a0d1598"),
+    "runs/megatron-22b-8gpu.yaml": (0, "96d492118d276a3bc05bc81fc69c6d93"),
+    "runs/two-jobs-shared-nics.yaml": (0, "756afba1307abe1698e4e298b57d69c3"),
+}
+SLOW = {"runs/gpt3-175b-1024gpu.yaml", "runs/megatron-1t-3072gpu.yaml"}  # 37 s and 150 s here
+
+
+def test_every_shipped_run_file_is_listed():
+    """A new run file gets its row (and so its fingerprint is kept from then on)."""
+    shipped = sorted(str(p.relative_to(CONFIGS)) for d in ("examples", "runs") for p in (CONFIGS / d).glob("*.yaml"))
+    assert shipped == sorted(SHIPPED)
+
+
+@pytest.mark.parametrize("run_file", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW else f for f in SHIPPED])
+def test_shipped_run_keeps_its_fingerprint(run_file, tmp_path, capsys):
+    code, fingerprint = SHIPPED[run_file]
+    out = tmp_path / "run"
+    assert main(["run", str(CONFIGS / run_file), "--quiet", "--trace-ranks", "none", "--out", str(out)]) == code
+    capsys.readouterr()
+    assert json.loads((out / "summary.json").read_text())["fingerprint"] == fingerprint
