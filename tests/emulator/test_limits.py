@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from emulator import budget
+from emulator.runner import budget
 from emulator.cli import main
 from emulator.config import limits as lim
 from emulator.config.loader import MAX_CONFIG_BYTES, load_run, parse_override
