@@ -87,7 +87,7 @@ class _Jitter:
 
 
 class ComputeFaults:
-    """The compute faults of the ranks one shard hosts; :meth:`for_config` gives None when none."""
+    """The compute faults of the ranks one shard hosts; :meth:`for_faults` gives None when none."""
 
     def __init__(self, static: dict[int, float], windows: dict[int, list], jitter: dict[int, _Jitter]):
         self.static = static  # rank -> factor for the whole run (product of its entries)
@@ -96,8 +96,8 @@ class ComputeFaults:
         self.ranks = set(static) | set(windows) | set(jitter)
 
     @classmethod
-    def for_config(cls, config, topo, ranks) -> ComputeFaults | None:
-        faults = getattr(config, "faults", None)
+    def for_faults(cls, faults, topo, ranks) -> ComputeFaults | None:
+        """``faults``: the run's faults section (``EngineSettings.faults``), or None."""
         if faults is None or not faults.active:
             return None
         hosted = set(ranks)

@@ -104,7 +104,7 @@ class Shard(CollectiveExecution):
         self.program = program
         self.program_args = program_args if program_args is not None else {}
         # slow GPUs and jitter of the hosted ranks (emulator/engine/faults.py); None: every kernel nominal
-        self.compute_faults = ComputeFaults.for_config(settings, topo, self.gpus)  # reads settings.faults
+        self.compute_faults = ComputeFaults.for_faults(settings.faults, topo, self.gpus)
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
 
     # -- programs ------------------------------------------------------------------------------

@@ -243,9 +243,9 @@ def test_sigma_zero_draws_and_keeps_every_duration():
 
     config = load_run(DATA_PARALLEL, ["faults.jitter={sigma: 0.3}"])
     config.faults.jitter.sigma = 0.0
-    assert ComputeFaults.for_config(config, Topology(config.cluster), range(32)) is None  # inactive
+    assert ComputeFaults.for_faults(config.faults, Topology(config.cluster), range(32)) is None  # inactive
     config.faults.jitter.sigma = 1e-12
-    faults = ComputeFaults.for_config(config, Topology(config.cluster), range(32))
+    faults = ComputeFaults.for_faults(config.faults, Topology(config.cluster), range(32))
     assert [faults.launch_ns(0, 10**9) for _ in range(3000)] == [10**9] * 3000
 
 

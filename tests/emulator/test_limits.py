@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from emulator.runner import budget
 from emulator.cli import main
 from emulator.config import limits as lim
 from emulator.config.loader import MAX_CONFIG_BYTES, load_run, parse_override
 from emulator.errors import ConfigError
+from emulator.runner import budget
 from emulator.workloads import memory
 from emulator.workloads.programs import check_program, load_program
 from emulator.workloads.schedules import schedule_for
