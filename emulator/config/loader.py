@@ -74,6 +74,10 @@ def parse_yaml(text: str, source: str) -> Any:
     try:
         return _load_bounded(text, source)
     except yaml.MarkedYAMLError as exc:
+        if "nesting depth" in str(exc.problem):
+            # libyaml >= 0.2.6 (PyYAML 6.0.2's wheels on) stops at its own depth limit while scanning
+            # ahead, before the parser's events reach ours: the same refusal, said the same way
+            raise ConfigError(f"{source}: nested too deeply (more than {MAX_DEPTH} levels)") from None
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{source}: invalid YAML{where}: {shown_key(exc.problem or exc.context)}") from None
