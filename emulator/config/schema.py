@@ -61,20 +61,36 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the model is split: tensor x pipeline x data = world size (Megatron order)."""
+    """How the model is split: tensor x context x pipeline x data = world size (Megatron order,
+    context next to tensor: emulator/workloads/layout.py)."""
 
     tensor: int = 1
     pipeline: int = 1
-    data: int | None = None  # default: world size / (tensor * pipeline)
+    data: int | None = None  # default: world size / (tensor * context * pipeline)
+    # context parallelism: each rank holds seq_length / context tokens of every sequence; attention
+    # exchanges K/V around the context group (emulator/workloads/context_parallel.py)
+    context: int = 1
+    context_algo: Literal["ring", "all_gather"] = "ring"
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
     sequence_parallel: bool = False
     zero_stage: int = 0  # 0 (plain data parallel), 1, 2 or 3
     schedule: Literal["1f1b", "gpipe", "interleaved-1f1b"] = "1f1b"
     pipeline_layers: list[int] | None = None  # uneven partition: layers per pipeline stage
     bucket_size_mb: float = 40.0  # gradient bucket for data-parallel reduction (Megatron default 40M elems ~)
+    # ZeRO-3 hybrid sharding (FSDP2's HSDP): weights, gradients and optimizer states sharded over
+    # groups of this many data-parallel ranks and replicated across them; default: the whole group
+    zero_shard_group: int | None = None
+    # Megatron-Core's distributed data parallel: gradient buckets reduced during the last
+    # microbatch's backward (else after it), and ZeRO 1-2's updated weights gathered bucket by
+    # bucket during the next forward (else after the optimizer step)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    # tensor-parallel all-gathers and reduce-scatters pipelined with the GEMMs they feed or drain
+    # (Transformer Engine's userbuffers, --tp-comm-overlap); needs sequence parallelism
+    tp_comm_overlap: bool = False
 
     def validate(self, path: str) -> None:
-        for key in ("tensor", "pipeline", "data"):
+        for key in ("tensor", "pipeline", "data", "context", "zero_shard_group"):
             require_range(self, path, key, 1, lim.MAX_WORLD_SIZE)
         require_range(self, path, "virtual_stages", 1, lim.MAX_VIRTUAL_STAGES)
         require(self.zero_stage in (0, 1, 2, 3), f"{path}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
@@ -100,6 +116,14 @@ class TrainingConfig:
     recompute: Literal["none", "selective", "full"] = "none"
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     iterations: int = 1
+
+    # the dtype gradients are accumulated and reduced in: Megatron's fp32 main gradients, or bf16
+    # (NVIDIA's H100 recipes, --grad-reduce-in-bf16); default fp32 (2 B under fp16 precision)
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
+    # "unfused": Megatron 2022's attention (scores, masked softmax and dropout materialised, the
+    # whole s x s square computed); "flash": a fused causal kernel (FlashAttention, cuDNN) that keeps
+    # no s x s tensor and skips the masked half (emulator/workloads/layer_costs.py)
+    attention: Literal["unfused", "flash"] = "unfused"
 
     def validate(self, path: str) -> None:
         require_range(self, path, "micro_batch_size", 1, lim.MAX_MICRO_BATCH_SIZE)
@@ -308,6 +332,39 @@ class FaultsConfig:
                 )
 
 
+def check_context(p: ParallelConfig, m: ModelConfig, t: TrainingConfig) -> None:
+    """Context parallelism splits every sequence into ``2 * context`` chunks (causal load balancing:
+    rank ``i`` holds chunks ``i`` and ``2c-1-i``, Megatron-Core), each further split over the tensor
+    group under sequence parallelism."""
+    if p.context == 1:
+        return
+    chunks = 2 * p.context * (p.tensor if p.sequence_parallel and p.tensor > 1 else 1)
+    require(
+        t.seq_length % chunks == 0,
+        f"training.seq_length ({t.seq_length}) must be divisible by 2 * context({p.context})"
+        + (f" * tensor({p.tensor}) (sequence parallel)" if chunks != 2 * p.context else "")
+        + f" = {chunks}",
+    )
+
+
+def check_data_parallel_knobs(p: ParallelConfig) -> None:
+    """The knobs of data parallelism that need a ZeRO stage or a tensor group to mean anything."""
+    if p.zero_shard_group is not None:
+        require(p.zero_stage == 3, f"parallel.zero_shard_group needs zero_stage 3, got zero_stage {p.zero_stage}")
+        replicas = p.data * p.context
+        require(
+            replicas % p.zero_shard_group == 0,
+            f"parallel.zero_shard_group ({p.zero_shard_group}) must divide data({p.data}) * context({p.context}) "
+            f"= {replicas}",
+        )
+    if p.tp_comm_overlap:
+        require(
+            p.tensor > 1 and p.sequence_parallel,
+            "parallel.tp_comm_overlap needs tensor > 1 and sequence_parallel: true (it pipelines the "
+            "all-gathers and reduce-scatters of sequence parallelism with their GEMMs)",
+        )
+
+
 def require_targets(fault, path: str, required: bool) -> None:
     """At most one of ``ranks`` / ``nodes`` (exactly one when ``required``), not empty, no repeats."""
     chosen = [key for key in ("ranks", "nodes") if getattr(fault, key) is not None]
@@ -449,20 +506,22 @@ class RunConfig:
             return
         world = self.cluster.world_size
         p = self.parallel
+        model = p.tensor * p.context * p.pipeline
+        factors = f"tensor({p.tensor}) * context({p.context}) * pipeline({p.pipeline})"
         if p.data is None:  # derived: say what does not divide rather than show a made-up data(0)
             require(
-                world % (p.tensor * p.pipeline) == 0,
-                f"parallel: world size {world} is not divisible by tensor({p.tensor}) * pipeline({p.pipeline}) "
-                f"= {p.tensor * p.pipeline}",
+                world % model == 0,
+                f"parallel: world size {world} is not divisible by {factors} = {model}",
             )
-        data = p.data if p.data is not None else world // (p.tensor * p.pipeline)
+        data = p.data if p.data is not None else world // model
         require(
-            p.tensor * p.pipeline * data == world,
-            f"parallel: tensor({p.tensor}) * pipeline({p.pipeline}) * data({data}) = "
-            f"{p.tensor * p.pipeline * data} != world size {world}",
+            model * data == world,
+            f"parallel: {factors} * data({data}) = {model * data} != world size {world}",
         )
         p.data = data
         m, t = self.model, self.training
+        check_context(p, m, t)
+        check_data_parallel_knobs(p)
         require(
             m.num_attention_heads % p.tensor == 0,
             f"parallel.tensor ({p.tensor}) must divide model.num_attention_heads ({m.num_attention_heads})",

@@ -34,7 +34,7 @@ class EngineSettings:
     # follow its layout; tensor / data / pipeline are the layout of a model run, 1 without a model
     builtin_workload: bool = False
     tensor: int = 1
-    data: int = 1
+    data: int = 1  # data x context: the ranks of a stage are tensor * data of them
     pipeline: int = 1
     # a run with jobs (emulator/config/jobs.py): per job, its cluster ranks (in job-rank order) and
     # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
@@ -57,7 +57,7 @@ class EngineSettings:
             scale_up_tiers=frozenset(group.scale_up.name for group in config.cluster.groups()),
             builtin_workload=model_run and config.program is None,
             tensor=parallel.tensor if model_run else 1,
-            data=parallel.data if model_run else 1,
+            data=parallel.data * parallel.context if model_run and parallel.data else parallel.data if model_run else 1,
             pipeline=max(1, parallel.pipeline) if model_run else 1,
             jobs=tuple((tuple(job.ranks), _ranks_per_stage(job.run, len(job.ranks))) for job in config.jobs or ()),
         )
@@ -66,4 +66,4 @@ class EngineSettings:
 def _ranks_per_stage(run, ranks: int) -> int:
     """The ranks of one pipeline stage of a job's run (Megatron order: stages are blocks of ranks)."""
     staged = run.model is not None and run.program is None and run.parallel.pipeline >= 2
-    return run.parallel.tensor * run.parallel.data if staged else ranks
+    return run.parallel.tensor * run.parallel.context * run.parallel.data if staged else ranks

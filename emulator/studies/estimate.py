@@ -128,7 +128,7 @@ class Estimator:
     def segments(self, config, gpu_name: str):
         shape = layer_shape(config)
         t = config.training
-        key = (shape, t.recompute, t.precision, config.model.vocab_size, gpu_name)
+        key = (shape, t.recompute, t.precision, config.model.vocab_size, gpu_name)  # the shape has every knob
         segs = self._segments.get(key)
         if segs is None:
             segs = self._segments[key] = model_segments(config, get_gpu(gpu_name))
@@ -141,6 +141,19 @@ class Estimator:
             ns = self._collectives[key] = ring_collective_ns(self.topo, op, size_bytes, ranks)
         return ns
 
+    def group_timers(self, layout, first_rank: int):
+        """The tensor and context collectives of the rank's groups: ``(tp_ns, cp_ns)`` timers."""
+        tp_group = layout.tensor_group(first_rank)
+        cp_group = layout.context_group(first_rank)
+
+        def tp_ns(op: str, size_bytes: int) -> int:
+            return self.collective_ns(op, size_bytes, tp_group)
+
+        def cp_ns(op: str, size_bytes: int) -> int:
+            return self.collective_ns(op, size_bytes, cp_group)
+
+        return tp_ns, cp_ns
+
     def stage_pass_ns(self, config) -> list[tuple[int, int]]:
         """Per pipeline stage: (one layer's forward + backward, the embedding's or logits' forward +
         backward) for one microbatch, on the stage's GPU type and tensor group; what an uneven
@@ -152,15 +165,11 @@ class Estimator:
         for s in range(p.pipeline):
             first_rank = layout.rank(0, 0, s)
             segs = self.segments(config, gpu_type_of_rank(config.cluster, first_rank))
-            tp_group = layout.tensor_group(first_rank)
-
-            def tp_ns(op: str, size_bytes: int, tp_group=tp_group) -> int:
-                return self.collective_ns(op, size_bytes, tp_group)
-
+            tp_ns, cp_ns = self.group_timers(layout, first_rank)
             ends = ([segs.embedding_forward, segs.embedding_backward] if s == 0 else []) + (
                 [segs.logits_forward, segs.logits_backward] if s == p.pipeline - 1 else []
             )
-            layer = sum(segments_time_ns(part, tp_ns)[0] for part in (segs.layer_forward, segs.layer_backward))
+            layer = sum(segments_time_ns(part, tp_ns, cp_ns)[0] for part in (segs.layer_forward, segs.layer_backward))
             passes.append((layer, sum(segments_time_ns(part, tp_ns)[0] for part in ends)))
         return passes
 
@@ -171,11 +180,14 @@ class Estimator:
         stages, chunks = p.pipeline, p.virtual_stages
         micro = pipe.microbatches(config)
         shape = layer_shape(config)
-        grad_bytes = lc.layer_params_per_rank(shape) * dpar.grad_bytes_per_param(t.precision)
-        gather_bytes = dpar.zero3_gather_bytes(lc.layer_params_per_rank(shape), t.precision, p.data)
+        layer_params = lc.layer_params_per_rank(shape)
+        grad_bytes = layer_params * dpar.config_grad_bytes(config)
+        gather_bytes = dpar.zero3_gather_bytes(layer_params, t.precision)
         bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
         reduce_op = dpar.gradient_collective(p.zero_stage)
-        zero3 = dpar.gathers_every_layer(p.zero_stage)
+        replicas, shard = dpar.replicas(config), dpar.shard_size(config)
+        zero3 = dpar.gathers_every_layer(p.zero_stage) and shard > 1
+        overlapped_gather = dpar.gathers_after_step(p.zero_stage) and replicas > 1 and p.overlap_param_gather
         tied_bytes = pipe.tied_embedding_bytes(config)
         p2p_bytes = pipe.message_bytes(config)
 
@@ -193,23 +205,28 @@ class Estimator:
             gpu_name = gpu_type_of_rank(config.cluster, first_rank)
             segs = self.segments(config, gpu_name)
             # each stage's own tensor group: on a heterogeneous cluster its node's scale-up links
-            tp_group = layout.tensor_group(first_rank)
-
-            def tp_ns(op: str, size_bytes: int, tp_group=tp_group) -> int:
-                return self.collective_ns(op, size_bytes, tp_group)
-
-            dp_group = layout.data_group(first_rank)
+            tp_ns, cp_ns = self.group_timers(layout, first_rank)
+            dp_group = layout.gradient_group(first_rank)
             layers = pipe.layers_of_stage(config, s)
-            fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns)
-            bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns)
-            gather = self.collective_ns("all_gather", gather_bytes, dp_group) if zero3 else 0
+            fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns, cp_ns)
+            bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns, cp_ns)
+            gather = layer_reduce = 0
+            if zero3:
+                shard_group = layout.shard_group(first_rank, shard)
+                gather = self.collective_ns("all_gather", gather_bytes, shard_group)
+                # FSDP2: each layer's gradients reduce-scattered after its backward (then all-reduced
+                # across the replicas with hybrid sharding), on the stream of the gathers
+                layer_reduce = self.collective_ns("reduce_scatter", grad_bytes, shard_group)
+                if shard < replicas:
+                    layer_reduce += self.collective_ns("all_reduce", grad_bytes // shard,
+                                                       layout.replica_group(first_rank, shard))  # fmt: skip
             # the data-parallel group inside the tensor group's node: both on the same scale-up ports
-            shared = p.tensor > 1 and p.data > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
+            shared = p.tensor > 1 and replicas > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
             if gather:
                 fwd_lead, fwd_tp = collective_lead_ns(segs.layer_forward, tp_ns) if shared else (None, 0)
                 bwd_lead, bwd_tp = collective_lead_ns(segs.layer_backward, tp_ns) if shared else (None, 0)
                 stage_fwd = zero3_pass_ns(fwd, gather, layers, fwd_lead, fwd_tp)
-                stage_bwd = zero3_pass_ns(bwd, gather, layers, bwd_lead, bwd_tp)
+                stage_bwd = zero3_pass_ns(bwd, gather + layer_reduce, layers, bwd_lead, bwd_tp) + layer_reduce
             else:
                 stage_fwd, stage_bwd = fwd * layers, bwd * layers
             stage_c = (fwd_c + bwd_c) * layers * chunks
@@ -224,7 +241,7 @@ class Estimator:
                              (segs.logits_backward, last, chunks - 1, backward_ns))  # fmt: skip
             for part, on_stage, chunk, direction in ends_of_model:
                 if s == on_stage:
-                    ns, c = segments_time_ns(part, tp_ns)
+                    ns, c = segments_time_ns(part, tp_ns, cp_ns)
                     extra, extra_c = extra + ns, extra_c + c
                     direction[s][chunk] += ns
             per_micro = (stage_fwd + stage_bwd) * chunks + extra
@@ -238,17 +255,30 @@ class Estimator:
                 return self.collective_ns(reduce_op, size, dp_group)
 
             tail = 0
-            if p.data > 1:
-                layer_bwd = max(bwd, gather) if gather else bwd
-                tail += data_parallel_tail_ns(layer_bwd, layers, stage_bwd, chunks, stages, grad_bytes,
-                                              bucket_bytes, bucket_ns, shared)  # fmt: skip
+            if replicas > 1 and not zero3:
+                if p.overlap_grad_reduce:
+                    tail += data_parallel_tail_ns(bwd, layers, stage_bwd, chunks, stages, grad_bytes,
+                                                  bucket_bytes, bucket_ns, shared)  # fmt: skip
+                else:  # every bucket after the backward, one after the other
+                    launched, rest = dpar.gradient_buckets(layers, grad_bytes, bucket_bytes)
+                    sizes = [*launched.values(), *([rest] if rest else [])] * chunks
+                    tail += sum(bucket_ns(size) for size in sizes)
             if tied_bytes and s in (0, stages - 1):
                 tail += self.collective_ns("all_reduce", tied_bytes, layout.embedding_group(first_rank))
             stage_params = params_on_rank(config, s)
-            optimizer = dpar.optimizer_step_segments(stage_params, p.zero_stage, p.data, get_gpu(gpu_name), t.precision)
+            optimizer = dpar.optimizer_step_segments(stage_params, p.zero_stage, shard, get_gpu(gpu_name), t.precision)
             tail += sum(seg[2] for seg in optimizer if seg[0] == "c")
-            if dpar.gathers_after_step(p.zero_stage) and p.data > 1:
-                tail += self.collective_ns("all_gather", dpar.weight_gather_bytes(stage_params, t.precision), dp_group)
+            weight_gather = dpar.weight_gather_bytes(stage_params, t.precision)
+            if dpar.gathers_after_step(p.zero_stage) and replicas > 1:
+                gather_all = self.collective_ns("all_gather", weight_gather, dp_group)
+                if overlapped_gather:
+                    # bucket by bucket beside the first forward: the first bucket waits, the rest
+                    # hide behind the forward's layers unless they take longer
+                    buckets = max(1, -(-weight_gather // bucket_bytes))
+                    first = gather_all // buckets
+                    tail += first + max(0, gather_all - first - stage_fwd * chunks)
+                else:
+                    tail += gather_all
             tails.append(tail)
 
         # a message from each stage to the next; the last: to stage 0 (interleaved wrap-around)

@@ -4,10 +4,11 @@
 
 From the run file's model, cluster and training batch (global batch, sequence length, precision),
 :func:`enumerate_candidates` lists every valid combination of tensor parallelism (inside a node,
-dividing the heads), pipeline stages (dividing the layers evenly), data parallelism (the rest of the
-world), virtual stages (interleaved 1F1B), micro-batch size, sequence parallelism, recomputation,
-ZeRO stage and schedule - at most :data:`MAX_CANDIDATES`. Each gets the memory model of the
-emulation (emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form
+dividing the heads), context parallelism (:data:`CONTEXT_SIZES`, dividing the sequence), pipeline
+stages (dividing the layers evenly), data parallelism (the rest of the world), virtual stages
+(interleaved 1F1B), micro-batch size, sequence parallelism, recomputation, ZeRO stage and schedule
+- at most :data:`MAX_CANDIDATES`; the run's other knobs (TP overlap, gradient dtype, attention
+kernel, hybrid sharding under ZeRO-3) are kept. Each gets the memory model of the emulation (emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form
 estimate of emulator/studies/estimate.py; the ``--top`` fastest that fit are emulated side by side with
 the sweep machinery (emulator/studies/sweep.py). ``DIR/plan.csv`` has one row per candidate,
 ``DIR/emulated/`` the sweep of the emulated ones, ``DIR/best.yaml`` the run file of the best plan
@@ -45,14 +46,17 @@ from emulator.studies.sweep import number  # the sweep's reading of a CSV figure
 MAX_CANDIDATES = 100_000  # the enumeration stops here (and says so)
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large models do not fit anyway
 MAX_VIRTUAL_STAGES = 8
+# context-parallel sizes searched: Llama 3 405B's 131k-token row uses 16, the 8K recipes 1 or 2
+CONTEXT_SIZES = (1, 2, 4, 8, 16)
 # wall seconds the emulations of one plan may take (batches stop starting past it): large runs take
 # minutes per emulation (1024 GPUs: ~8 min here), and a plan is meant to answer within ~15 minutes
 DEFAULT_MAX_WALL_S = 600.0
 # the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
-KNOBS = ("parallel.tensor", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
+KNOBS = ("parallel.tensor", "parallel.context", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
          "parallel.pipeline_layers", "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage",
          "training.micro_batch_size", "training.recompute")  # fmt: skip
-SHORT = {"parallel.tensor": "tp", "parallel.pipeline": "pp", "parallel.data": "dp", "parallel.virtual_stages": "v",
+SHORT = {"parallel.tensor": "tp", "parallel.context": "cp", "parallel.pipeline": "pp", "parallel.data": "dp",
+         "parallel.virtual_stages": "v",
          "parallel.pipeline_layers": "layers",
          "parallel.schedule": "schedule", "parallel.sequence_parallel": "sp", "parallel.zero_stage": "zero",
          "training.micro_batch_size": "mbs", "training.recompute": "recompute"}  # fmt: skip
@@ -185,10 +189,11 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
     pipelines = [d for d in _divisors(world) if (m.num_layers % d == 0 or hetero) and d <= m.num_layers]
     candidates: list[Candidate] = []
     tried = 0
-    for tp, pp in itertools.product(tensors, pipelines):
-        if world % (tp * pp):
+    shard_group = base.parallel.zero_shard_group  # hybrid sharding kept where a candidate runs ZeRO-3
+    for tp, cp, pp in itertools.product(tensors, CONTEXT_SIZES, pipelines):
+        if world % (tp * cp * pp) or t.seq_length % (2 * cp):
             continue
-        dp = world // (tp * pp)
+        dp = world // (tp * cp * pp)
         chunks = [v for v in _divisors(m.num_layers) if v <= MAX_VIRTUAL_STAGES and (v == 1 or pp > 1)
                   and (m.num_layers % (pp * v) == 0 or (hetero and m.num_layers // v >= pp))]  # fmt: skip
         for v, mbs in itertools.product(chunks, MICRO_BATCH_SIZES):
@@ -206,9 +211,11 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
                 # even when the layers divide; a near-even placeholder to validate the rest otherwise
                 even = m.num_layers % (pp * v) == 0
                 placeholder = None if even else proportional_layers(per_stage, [1] * pp)
-                parallel = dataclasses.replace(base.parallel, tensor=tp, pipeline=pp, data=dp, virtual_stages=v,
+                parallel = dataclasses.replace(base.parallel, tensor=tp, context=cp, pipeline=pp, data=dp,
+                                               virtual_stages=v, tp_comm_overlap=base.parallel.tp_comm_overlap and sp,
                                                schedule=schedule, sequence_parallel=sp, zero_stage=zero,
-                                               pipeline_layers=placeholder)  # fmt: skip
+                                               pipeline_layers=placeholder,
+                                               zero_shard_group=shard_group if zero == 3 else None)  # fmt: skip
                 training = dataclasses.replace(t, micro_batch_size=mbs, recompute=recompute)
                 config = dataclasses.replace(base, parallel=parallel, training=training)
                 try:
@@ -231,7 +238,7 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
                     chosen = dataclasses.replace(
                         config, parallel=dataclasses.replace(parallel, pipeline_layers=list(layers) if layers else None)
                     )
-                    values = (tp, pp, dp, v, layers, schedule, sp, zero, mbs, recompute)
+                    values = (tp, cp, pp, dp, v, layers, schedule, sp, zero, mbs, recompute)
                     candidates.append(Candidate(dict(zip(KNOBS, values, strict=True)), chosen))
     return candidates, tried, False
 

@@ -1,6 +1,7 @@
 """Data parallelism and ZeRO: what each rank of a data-parallel group holds, and what it sends.
 
     emulator run configs/runs/bloom-560m-zero2.yaml     # 32-way data parallel, ZeRO 2
+    emulator run configs/runs/llama3-70b-zero3-64gpu.yaml   # FSDP (ZeRO-3) on 64 A100s
 
 The one description of the technique that the emulated program (training.py), the closed-form
 estimate (emulator/studies/estimate.py), the memory model (memory.py) and the planner (emulator/studies/plan.py)
@@ -9,10 +10,27 @@ share. Mixed-precision Adam as in Megatron-LM and ZeRO (Rajbhandari et al. 2020)
 v (12 B). ZeRO stage 1 partitions the optimizer states over the ``d`` ranks of the group, stage 2
 the gradients too, stage 3 the weights too.
 
-Traffic: during the last microbatch's backward the gradients are reduced in buckets of
-``parallel.bucket_size_mb`` as layers fill them (all-reduce; reduce-scatter with ZeRO >= 1, each
-rank keeping its shard); after the optimizer step ZeRO 1-2 all-gather the updated 16-bit weights,
-and ZeRO-3 all-gathers every layer's weights before its forward and its backward, one layer ahead.
+The group: the ranks that hold the same weights, data x context (layout.gradient_group).
+Gradients are reduced over it; ZeRO 1-2 partition over all of it, ZeRO-3 over groups of
+``parallel.zero_shard_group`` of its ranks (hybrid sharding), replicated across them.
+
+Traffic, ZeRO 0-2 (Megatron-Core's distributed data parallel): during the last microbatch's
+backward the gradients are reduced in buckets of ``parallel.bucket_size_mb`` as layers fill them
+(``overlap_grad_reduce``; else every bucket after the backward): all-reduce, or reduce-scatter with
+ZeRO >= 1, each rank keeping its shard. ZeRO 1-2 then all-gather the updated 16-bit weights: after
+the optimizer step, or with ``overlap_param_gather`` bucket by bucket during the next iteration's
+first forward, each bucket waited for before its first layer (an emulated iteration is the steady
+state: it starts with the gathers of the step before).
+
+ZeRO-3 as FSDP2 runs it (``fully_shard`` per layer, Zhao et al. 2023): one all-gather of a layer's
+whole 16-bit weights (the gathered buffer, not times the group) before its forward and again before
+its backward, prefetched one layer ahead; a reduce-scatter of the layer's gradients after its
+backward, every microbatch (the gradients are sharded, so they cannot wait for the last one); with
+hybrid sharding the reduce-scatter runs in the shard group and the shard is then all-reduced
+across the replicas.
+
+Gradient dtype: fp32 main gradients as Megatron keeps them (2 B under fp16), or bf16
+(``training.grad_reduce_dtype``, NVIDIA's H100 recipes): the buffer and every reduction halve.
 """
 
 from __future__ import annotations
@@ -34,9 +52,30 @@ def weight_bytes_per_param(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def grad_bytes_per_param(precision: str) -> int:
-    """Gradients: fp32 main gradients (Megatron accumulates in fp32), 16-bit under fp16."""
+def grad_bytes_per_param(precision: str, grad_reduce_dtype: str | None = None) -> int:
+    """Gradients: fp32 main gradients (Megatron accumulates in fp32), 16-bit under fp16, or the
+    ``training.grad_reduce_dtype`` given."""
+    if grad_reduce_dtype is not None:
+        return 2 if grad_reduce_dtype == "bf16" else 4
     return 2 if precision == "fp16" else 4
+
+
+def config_grad_bytes(config) -> int:
+    """Bytes of one parameter's gradient in a run (precision and ``training.grad_reduce_dtype``)."""
+    t = config.training
+    return grad_bytes_per_param(t.precision, t.grad_reduce_dtype)
+
+
+def replicas(config) -> int:
+    """Ranks holding the same weights: data x context (layout.gradient_group)."""
+    return config.parallel.data * config.parallel.context
+
+
+def shard_size(config) -> int:
+    """Ranks one copy of the model states is partitioned over: ``zero_shard_group`` under ZeRO-3
+    (hybrid sharding), else the whole gradient group."""
+    p = config.parallel
+    return p.zero_shard_group if p.zero_stage >= 3 and p.zero_shard_group else replicas(config)
 
 
 def optimizer_bytes_per_param(precision: str) -> int:
@@ -44,11 +83,14 @@ def optimizer_bytes_per_param(precision: str) -> int:
     return 8 if precision == "fp32" else 12
 
 
-def model_state_bytes(params: int, precision: str, zero_stage: int, data: int) -> tuple[int, int, int]:
+def model_state_bytes(params: int, precision: str, zero_stage: int, data: int,
+                      grad_bytes: int | None = None) -> tuple[int, int, int]:  # fmt: skip
     """(weights, gradients, optimizer states) bytes on one rank holding ``params`` parameters before
-    partitioning, in a data-parallel group of ``data`` ranks at ``zero_stage``."""
+    partitioning, partitioned over ``data`` ranks at ``zero_stage``; ``grad_bytes`` per parameter
+    (default: :func:`grad_bytes_per_param` of the precision)."""
+    grad_bytes = grad_bytes or grad_bytes_per_param(precision)
     weights = params * weight_bytes_per_param(precision) // (data if zero_stage >= 3 else 1)
-    grads = params * grad_bytes_per_param(precision) // (data if zero_stage >= 2 else 1)
+    grads = params * grad_bytes // (data if zero_stage >= 2 else 1)
     optimizer = params * optimizer_bytes_per_param(precision) // (data if zero_stage >= 1 else 1)
     return weights, grads, optimizer
 
@@ -100,9 +142,33 @@ def gradient_buckets(layers: int, grad_bytes_per_layer: int, bucket_bytes: int) 
     return launched, accumulated
 
 
-def zero3_gather_bytes(layer_params: int, precision: str, data: int) -> int:
-    """A ZeRO-3 all-gather of one layer's weights (the whole buffer, every rank's shard)."""
-    return layer_params * weight_bytes_per_param(precision) * data
+def zero3_gather_bytes(layer_params: int, precision: str) -> int:
+    """A ZeRO-3 all-gather of one layer's weights: the gathered buffer (nccl-tests' size), i.e. the
+    layer's 16-bit weights on this tensor rank; each member contributes 1/shard of it."""
+    return layer_params * weight_bytes_per_param(precision)
+
+
+def zero3_unit_buffers_bytes(layer_params: int, precision: str, grad_bytes: int) -> int:
+    """What ZeRO-3 holds beyond its shards at any time: two gathered layers (the one running and the
+    one prefetched) and one layer's unsharded gradients before their reduce-scatter."""
+    return 2 * zero3_gather_bytes(layer_params, precision) + layer_params * grad_bytes
+
+
+def param_gather_buckets(layers: int, layer_bytes: int, bucket_bytes: int,
+                         extra_bytes: int = 0) -> list[tuple[int, int]]:  # fmt: skip
+    """ZeRO 1-2's weight all-gathers overlapped with the forward: ``[(first layer, bytes)]`` in
+    forward order; a bucket closes once it holds ``bucket_bytes``; ``extra_bytes`` (the embedding
+    or output layer's weights) go with the first."""
+    buckets: list[tuple[int, int]] = []
+    start, accumulated = 0, extra_bytes
+    for layer in range(layers):
+        accumulated += layer_bytes
+        if accumulated >= bucket_bytes or layer == layers - 1:
+            buckets.append((start, accumulated))
+            start, accumulated = layer + 1, 0
+    if not buckets and accumulated:
+        buckets.append((0, accumulated))
+    return buckets
 
 
 def weight_gather_bytes(params: int, precision: str) -> int:

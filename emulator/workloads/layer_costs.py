@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 
 from emulator.errors import ConfigError
 from emulator.workloads import tensor_parallel as tp
+from emulator.workloads.context_parallel import kv_gather_bytes
+from emulator.workloads.tensor_parallel import is_overlapped
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
@@ -55,6 +57,10 @@ class LayerShape:
     sequence_parallel: bool = False
     bytes_per_element: int = 2
     bias: bool = True
+    context_parallel: int = 1  # ranks a sequence is split over (context_parallel.py)
+    context_algo: str = "ring"
+    flash_attention: bool = False  # a fused causal attention kernel (training.attention: flash)
+    tp_comm_overlap: bool = False  # TP all-gathers / reduce-scatters pipelined with their GEMMs
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
@@ -62,7 +68,8 @@ class LayerShape:
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
         h, a, kv, t = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.tensor_parallel
-        for key in ("hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "tensor_parallel"):
+        for key in ("hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "tensor_parallel",
+                    "context_parallel"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if h % a:
@@ -75,8 +82,12 @@ class LayerShape:
             raise ConfigError(f"num_kv_heads ({kv}) and tensor_parallel ({t}) must divide one another")
         if self.ffn_hidden_size % t:
             raise ConfigError(f"ffn_hidden_size ({self.ffn_hidden_size}) must be divisible by tensor_parallel ({t})")
-        if self.sequence_parallel and self.seq_length % t:
-            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by tensor_parallel ({t})")
+        if self.sequence_parallel and self.seq_length % (t * self.context_parallel):
+            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by tensor_parallel ({t}) x "
+                              f"context_parallel ({self.context_parallel})")
+        if self.seq_length % self.context_parallel:
+            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by context_parallel "
+                              f"({self.context_parallel})")
 
     @property
     def head_dim(self) -> int:
@@ -99,6 +110,8 @@ class Op:
     bytes_moved: float = 0.0
     collective: str | None = None
     size_bytes: int = 0
+    group: str = "tp"  # the process group of a comm op: "tp" (tensor) or "cp" (context)
+    overlap: bool = False  # a comm op run beside the next compute op, waited for after it
 
 
 def _gemm(name: str, m: int, n: int, k: int, e: int, batch: int = 1, kind: str = "matmul") -> Op:
@@ -109,16 +122,20 @@ def _mem(name: str, bytes_moved: float) -> Op:
     return Op(name, "elementwise", bytes_moved=float(bytes_moved))
 
 
-def _comm(name: str, collective: str, size_bytes: int) -> Op:
-    return Op(name, "comm", collective=collective, size_bytes=int(size_bytes))
+def _comm(name: str, collective: str, size_bytes: int, group: str = "tp", overlap: bool = False) -> Op:
+    return Op(name, "comm", collective=collective, size_bytes=int(size_bytes), group=group, overlap=overlap)
 
 
 def _dims(shape: LayerShape) -> tuple[int, int, int, int, int, int]:
-    """(tokens b*s, tokens per rank for replicated ops, h, f per rank, attention elements per rank, e)."""
+    """(tokens b*s/c, tokens per rank for replicated ops, h, f per rank, attention elements per rank, e).
+
+    With context parallelism a rank holds ``s/c`` tokens and its queries meet the keys of the whole
+    sequence: ``b * a/t * (s/c) * s`` attention scores."""
     b, s, h, t = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.tensor_parallel
-    n = b * s
+    c = shape.context_parallel
+    n = b * s // c
     n_rep = n // t if shape.sequence_parallel else n
-    n_att = b * (shape.num_attention_heads // t) * s * s
+    n_att = b * (shape.num_attention_heads // t) * (s // c) * s
     return n, n_rep, h, shape.ffn_hidden_size // t, n_att, shape.bytes_per_element
 
 
@@ -128,16 +145,60 @@ def _tp_comm(shape: LayerShape, name: str, sp_collective: str) -> list[Op]:
     return [_comm(name, *found)] if found is not None else []
 
 
+# FlashAttention-2's backward runs five GEMMs of the forward's size (the scores recomputed, then dV,
+# dP, dQ, dK) against the forward's two (Dao 2023, section 3.1.2): 2.5 times the forward's FLOPs.
+FLASH_BACKWARD_FLOP_RATIO = 2.5
+# the causal mask: a fused kernel skips the blocks above the diagonal, half of the square
+CAUSAL_FRACTION = 0.5
+
+
+def _attention_flops(shape: LayerShape) -> float:
+    """The two attention GEMMs (scores and context) on one rank: ``2 * 2 * b * a/t * (s/c) * s * d``."""
+    _, _, _, _, n_att, _ = _dims(shape)
+    return 4.0 * n_att * shape.head_dim
+
+
+def _qkvo_elements(shape: LayerShape) -> tuple[int, int]:
+    """(Q or O elements of this rank's tokens, K or V elements a rank's queries read: the whole
+    sequence's under context parallelism) for this tensor rank's heads."""
+    n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
+    kv_heads = max(1, shape.num_kv_heads // shape.tensor_parallel)
+    q = n * (shape.num_attention_heads // shape.tensor_parallel) * shape.head_dim
+    kv = shape.micro_batch_size * shape.seq_length * kv_heads * shape.head_dim
+    return q, kv
+
+
+def _cp_exchange(shape: LayerShape, forward: bool) -> list[Op]:
+    """Context parallelism's K/V collectives before the attention (context_parallel.py): an
+    all-gather of K/V (and in backward the reduce-scatter of their gradients), overlapped with the
+    attention kernel for the ring, waited for at once for ``all_gather``."""
+    size = kv_gather_bytes(shape)
+    if not size:
+        return []
+    ring = shape.context_algo == "ring"
+    ops = [_comm("attention.cp_kv.all_gather" + ("" if forward else ".backward"), "all_gather", size, "cp", ring)]
+    if not forward and ring:
+        ops.append(_comm("attention.cp_dkv.reduce_scatter", "reduce_scatter", size, "cp", True))
+    return ops
+
+
 def _core_attention_forward(shape: LayerShape, prefix: str = "") -> list[Op]:
     """Scores, softmax, dropout, context: the part selective recomputation reruns."""
     n, _, h, _, n_att, e = _dims(shape)
+    if shape.flash_attention:
+        q, kv = _qkvo_elements(shape)
+        # one fused kernel: reads Q, K, V, writes O and the fp32 row statistics (logsumexp)
+        flops = CAUSAL_FRACTION * _attention_flops(shape)
+        moved = e * (2 * q + 2 * kv) + 4 * n
+        return [Op(f"{prefix}attention.flash", "attention", flops=flops, bytes_moved=float(moved))]
     s, d = shape.seq_length, shape.head_dim
+    sq = s // shape.context_parallel
     batch = shape.micro_batch_size * shape.num_attention_heads // shape.tensor_parallel
     return [
-        _gemm(f"{prefix}attention.scores", s, s, d, e, batch, kind="attention"),
+        _gemm(f"{prefix}attention.scores", sq, s, d, e, batch, kind="attention"),
         _mem(f"{prefix}attention.softmax", 2 * e * n_att),
         _mem(f"{prefix}attention.dropout", (2 * e + MASK_BYTES) * n_att),
-        _gemm(f"{prefix}attention.context", s, d, s, e, batch, kind="attention"),
+        _gemm(f"{prefix}attention.context", sq, d, s, e, batch, kind="attention"),
         # [b*np, s, d] -> [s, b, h/t] permute + contiguous copy before the output projection.
         _mem(f"{prefix}attention.context_permute", 2 * e * n * h // shape.tensor_parallel),
     ]
@@ -151,6 +212,7 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     ops = [_mem("ln1", 2 * e * n_rep * h)]
     ops += _tp_comm(shape, "ln1.all_gather", "all_gather") if shape.sequence_parallel else []
     ops.append(_gemm("qkv", n, shape.qkv_width, h, e))
+    ops += _cp_exchange(shape, forward=True)
     ops += _core_attention_forward(shape)
     ops.append(_gemm("attention.out_proj", n, h, h // t, e))
     ops += _tp_comm(shape, "attention.out_proj.tp_reduce", "reduce_scatter")
@@ -163,21 +225,47 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     ops.append(_gemm("mlp.fc2", n, h, f, e))
     ops += _tp_comm(shape, "mlp.fc2.tp_reduce", "reduce_scatter")
     ops.append(_mem("mlp.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
-    return ops
+    return _overlap_tp(ops) if shape.tp_comm_overlap else ops
+
+
+def _overlap_tp(ops: list[Op]) -> list[Op]:
+    """Transformer Engine's userbuffers overlap (``--tp-comm-overlap``): each tensor-parallel
+    all-gather runs pipelined with the GEMM it feeds, each reduce-scatter with the GEMM whose output
+    it reduces; as the op order says it, the collective starts with the GEMM and is waited for
+    after it. Collectives already overlapped (with a weight-gradient GEMM) stay as they are."""
+    out: list[Op] = []
+    for op in ops:
+        if op.kind == "comm" and op.group == "tp" and not op.overlap and not is_overlapped(op.name):
+            if op.collective == "reduce_scatter" and out and out[-1].kind == "matmul":
+                out.insert(len(out) - 1, replace(op, overlap=True))  # beside the GEMM that produced it
+                continue
+            if op.collective == "all_gather":
+                op = replace(op, overlap=True)  # beside the GEMM it feeds, next in the list
+        out.append(op)
+    return out
 
 
 def _core_attention_backward(shape: LayerShape) -> list[Op]:
     n, _, h, _, n_att, e = _dims(shape)
+    if shape.flash_attention:
+        q, kv = _qkvo_elements(shape)
+        flops = CAUSAL_FRACTION * FLASH_BACKWARD_FLOP_RATIO * _attention_flops(shape)
+        # reads Q, K, V, O, dO and the statistics; writes dQ, dK, dV
+        moved = e * (4 * q + 4 * kv) + 4 * n
+        return [*_cp_exchange(shape, forward=False), Op("attention.flash.backward", "attention", flops=flops,
+                                                          bytes_moved=float(moved))]
     s, d = shape.seq_length, shape.head_dim
+    sq = s // shape.context_parallel
     batch = shape.micro_batch_size * shape.num_attention_heads // shape.tensor_parallel
     return [
         _mem("attention.context_permute.backward", 2 * e * n * h // shape.tensor_parallel),
-        _gemm("attention.context.dgrad_probs", s, s, d, e, batch, kind="attention"),
-        _gemm("attention.context.dgrad_value", s, d, s, e, batch, kind="attention"),
+        *_cp_exchange(shape, forward=False),
+        _gemm("attention.context.dgrad_probs", sq, s, d, e, batch, kind="attention"),
+        _gemm("attention.context.dgrad_value", s, d, sq, e, batch, kind="attention"),
         _mem("attention.dropout.backward", (2 * e + MASK_BYTES) * n_att),  # read dy and mask, write dx
         _mem("attention.softmax.backward", 3 * e * n_att),  # read dy and y, write dx
-        _gemm("attention.scores.dgrad_query", s, d, s, e, batch, kind="attention"),
-        _gemm("attention.scores.dgrad_key", s, d, s, e, batch, kind="attention"),
+        _gemm("attention.scores.dgrad_query", sq, d, s, e, batch, kind="attention"),
+        _gemm("attention.scores.dgrad_key", s, d, sq, e, batch, kind="attention"),
     ]
 
 
@@ -232,7 +320,7 @@ def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
     qkv_regather = _tp_comm(shape, "ln1.all_gather.recompute", "all_gather") if sp else []
     ops += _linear_backward("qkv", n, shape.qkv_width, h, e, qkv_comm, qkv_regather)
     ops += _norm_backward("ln1", n_rep, h, e)
-    return ops
+    return _overlap_tp(ops) if shape.tp_comm_overlap else ops
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,13 @@
-"""Where each rank sits in the 3D layout, and its process groups (Megatron-LM rank order).
+"""Where each rank sits in the 4D layout, and its process groups (Megatron-LM rank order).
 
-Ranks are ordered tensor-fastest, then data, then pipeline: ``rank = tp + t * (dp + d * pp)``. A
-tensor group is therefore a run of ``t`` consecutive ranks (inside a node when t <= GPUs per node),
-data-parallel peers are ``t`` apart, and pipeline stages are blocks of ``t * d`` ranks.
+Ranks are ordered tensor-fastest, then context, then data, then pipeline (Megatron-Core's
+``tp-cp-dp-pp``): ``rank = tp + t * (cp + c * (dp + d * pp))``. A tensor group is therefore a run
+of ``t`` consecutive ranks (inside a node when t <= GPUs per node), context peers are ``t`` apart,
+data-parallel peers ``t * c`` apart, and pipeline stages are blocks of ``t * c * d`` ranks.
+
+The ranks of a context group hold different tokens of the same sequences and the same weights, so
+gradients are reduced (and ZeRO shards them) over the data and context ranks together
+(:meth:`ParallelLayout.gradient_group`, Megatron's data-parallel group "with CP").
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ class Coordinates:
     tp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -22,34 +28,64 @@ class ParallelLayout:
     tensor: int
     data: int
     pipeline: int
+    context: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.tensor * self.data * self.pipeline
+        return self.tensor * self.context * self.data * self.pipeline
 
-    def rank(self, tp: int, dp: int, pp: int) -> int:
-        return tp + self.tensor * (dp + self.data * pp)
+    @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage."""
+        return self.tensor * self.context * self.data
+
+    def rank(self, tp: int, dp: int, pp: int, cp: int = 0) -> int:
+        return tp + self.tensor * (cp + self.context * (dp + self.data * pp))
 
     def coords(self, rank: int) -> Coordinates:
         tp = rank % self.tensor
-        dp = (rank // self.tensor) % self.data
-        pp = rank // (self.tensor * self.data)
-        return Coordinates(tp, dp, pp)
+        cp = (rank // self.tensor) % self.context
+        dp = (rank // (self.tensor * self.context)) % self.data
+        pp = rank // self.stage_size
+        return Coordinates(tp, dp, pp, cp)
 
     def stage_of(self, rank: int) -> int:
-        return rank // (self.tensor * self.data)
+        return rank // self.stage_size
 
     def tensor_group(self, rank: int) -> tuple[int, ...]:
         c = self.coords(rank)
-        return tuple(self.rank(t, c.dp, c.pp) for t in range(self.tensor))
+        return tuple(self.rank(t, c.dp, c.pp, c.cp) for t in range(self.tensor))
+
+    def context_group(self, rank: int) -> tuple[int, ...]:
+        c = self.coords(rank)
+        return tuple(self.rank(c.tp, c.dp, c.pp, k) for k in range(self.context))
 
     def data_group(self, rank: int) -> tuple[int, ...]:
+        """The data-parallel replicas of this rank's tokens (same tensor and context index)."""
         c = self.coords(rank)
-        return tuple(self.rank(c.tp, d, c.pp) for d in range(self.data))
+        return tuple(self.rank(c.tp, d, c.pp, c.cp) for d in range(self.data))
+
+    def gradient_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks holding the same weights: data x context, in rank order; what gradients are
+        reduced and ZeRO partitions over."""
+        c = self.coords(rank)
+        return tuple(self.rank(c.tp, d, c.pp, k) for d in range(self.data) for k in range(self.context))
+
+    def shard_group(self, rank: int, shard: int) -> tuple[int, ...]:
+        """ZeRO-3 hybrid sharding: the block of ``shard`` consecutive members of the gradient group
+        that this rank's model states are partitioned over."""
+        group = self.gradient_group(rank)
+        start = group.index(rank) // shard * shard
+        return group[start : start + shard]
+
+    def replica_group(self, rank: int, shard: int) -> tuple[int, ...]:
+        """The members of the gradient group holding the same shard as this rank (one per block)."""
+        group = self.gradient_group(rank)
+        return group[group.index(rank) % shard :: shard]
 
     def pipeline_group(self, rank: int) -> tuple[int, ...]:
         c = self.coords(rank)
-        return tuple(self.rank(c.tp, c.dp, p) for p in range(self.pipeline))
+        return tuple(self.rank(c.tp, c.dp, p, c.cp) for p in range(self.pipeline))
 
     def embedding_group(self, rank: int) -> tuple[int, ...]:
         """First and last stage of this rank's pipeline: they share the tied embedding."""
@@ -59,4 +95,4 @@ class ParallelLayout:
 
 def layout_of(config) -> ParallelLayout:
     p = config.parallel
-    return ParallelLayout(p.tensor, p.data, p.pipeline)
+    return ParallelLayout(p.tensor, p.data, p.pipeline, p.context)

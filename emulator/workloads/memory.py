@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
+from emulator.workloads import data_parallel as dpar
 from emulator.workloads import layer_costs as lc
-from emulator.workloads.data_parallel import model_state_bytes
 from emulator.workloads.layout import layout_of
 from emulator.workloads.pipeline import in_flight, layers_of_stage
 from emulator.workloads.segments import layer_shape
@@ -67,7 +67,16 @@ class StageMemory:
 def static_bytes(config, stage: int) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes on one rank of ``stage`` (data_parallel.py)."""
     p = config.parallel
-    return model_state_bytes(params_on_rank(config, stage), config.training.precision, p.zero_stage, p.data)
+    return dpar.model_state_bytes(params_on_rank(config, stage), config.training.precision, p.zero_stage,
+                                  dpar.shard_size(config), dpar.config_grad_bytes(config))  # fmt: skip
+
+
+def zero3_buffer_bytes(config) -> int:
+    """ZeRO-3's gathered layers and unsharded layer gradients (data_parallel.py); 0 otherwise."""
+    if not dpar.gathers_every_layer(config.parallel.zero_stage) or dpar.shard_size(config) < 2:
+        return 0
+    layer = lc.layer_params_per_rank(layer_shape(config))
+    return dpar.zero3_unit_buffers_bytes(layer, config.training.precision, dpar.config_grad_bytes(config))
 
 
 def gpu_type_of_rank(cluster, rank: int) -> str:
@@ -88,9 +97,9 @@ def stage_memory(config, stage: int) -> StageMemory:
     per_chunk = activation_bytes_per_layer(config) * layers_of_stage(config, stage)
     chunks_live, logits_live = in_flight(config, stage)
     peak = per_chunk * chunks_live + (logits_bytes(config) * logits_live if stage == p.pipeline - 1 else 0)
-    transient = 0
+    transient = zero3_buffer_bytes(config)
     if config.training.recompute == "full":  # one layer's activations are rebuilt during its backward
-        transient = activation_bytes_per_layer(config, "none")
+        transient += activation_bytes_per_layer(config, "none")
     return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, chunks_live, peak, transient,
                        get_gpu(gpu).hbm_bytes if gpu != "?" else 0)  # fmt: skip
 

@@ -152,8 +152,10 @@ def schedule_walk_ns(forward_ns: list[list[int]], backward_ns: list[list[int]], 
 def tied_embedding_bytes(config) -> int:
     """The all-reduce that keeps the first stage's input embedding and the last stage's copy of it
     (the output layer) equal, when they are tied and on different stages: the fp32 gradients of
-    this tensor rank's vocabulary rows; 0 when nothing is to sync."""
+    this tensor rank's vocabulary rows (in ``training.grad_reduce_dtype`` when given); 0 when nothing
+    is to sync."""
     p, m = config.parallel, config.model
     if p.pipeline < 2 or not m.tie_embeddings:
         return 0
-    return vocab_rows(m.vocab_size, p.tensor) * m.hidden_size * 4
+    grad_bytes = 2 if config.training.grad_reduce_dtype == "bf16" else 4
+    return vocab_rows(m.vocab_size, p.tensor) * m.hidden_size * grad_bytes

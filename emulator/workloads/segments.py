@@ -5,13 +5,14 @@ their durations gives the same timeline with far fewer events; a segment boundar
 a collective sits. Segments are computed once per GPU type and reused for every microbatch.
 
 Segment kinds: ``("c", name, duration_ns, flops)`` compute; ``("m", name, collective, size_bytes,
-overlapped)`` a tensor-parallel collective; ``("w",)`` wait for the last overlapped collective.
+overlapped, group)`` a collective of the tensor (``"tp"``) or context (``"cp"``) group; ``("w",)``
+wait for the last overlapped collective.
 Which collectives overlap, and how segments are launched and timed: tensor_parallel.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from emulator.hardware.compute import op_duration_ns
 from emulator.workloads import layer_costs as lc
@@ -34,6 +35,10 @@ def layer_shape(config) -> lc.LayerShape:
         sequence_parallel=sequence_parallel(p),
         bytes_per_element=BYTES_PER_ELEMENT[t.precision],
         bias=m.add_bias_linear,
+        context_parallel=p.context,
+        context_algo=p.context_algo,
+        flash_attention=t.attention == "flash",
+        tp_comm_overlap=p.tp_comm_overlap,
     )
 
 
@@ -55,8 +60,8 @@ def to_segments(ops: list[lc.Op], spec, precision: str) -> list[tuple]:
     for op in ops:
         if op.kind == "comm":
             flush()
-            overlapped = is_overlapped(op.name)
-            segments.append(("m", op.name, op.collective, op.size_bytes, overlapped))
+            overlapped = op.overlap or is_overlapped(op.name)
+            segments.append(("m", op.name, op.collective, op.size_bytes, overlapped, op.group))
             wait_after_next = overlapped
             continue
         names.append(op.name)
@@ -103,8 +108,11 @@ def model_segments(config, spec) -> ModelSegments:
 
 
 def forward_flops_per_microbatch(config) -> float:
-    """Model FLOPs of one microbatch's forward pass through the whole model (all TP ranks)."""
-    shape = layer_shape(config)
+    """Model FLOPs of one microbatch's forward pass through the whole model (all TP and CP ranks).
+
+    The convention of Megatron-LM's ``num_floating_point_operations`` and Korthikanti et al.: the
+    attention's whole ``s x s`` square, whatever a causal kernel skips."""
+    shape = replace(layer_shape(config), flash_attention=False, context_parallel=1)
     t = config.parallel.tensor
     layer = sum(op.flops for op in lc.forward_ops(shape)) * t
     emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)

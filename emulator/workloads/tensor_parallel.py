@@ -73,34 +73,42 @@ def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
     recompute = recompute or t.recompute
     s, b, h, a, tp = t.seq_length, t.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tensor
     sp = sequence_parallel(p)
-    sbh = s * b * h
+    # context parallelism: a rank keeps its s/c tokens; its queries still score the whole sequence,
+    # so the attention term keeps the full s in a*s/h
+    sbh = s // p.context * b * h
+    # a fused attention kernel keeps no s x s tensor (scores, softmax, dropout mask): the 5*a*s/h
+    # term goes, as with selective recomputation
+    squares = 0 if t.attention == "flash" else 5 * a * s / h
     if recompute == "full":
         value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
     elif recompute == "selective":
         value = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
     elif tp == 1:
-        value = sbh * (34 + 5 * a * s / h)
+        value = sbh * (34 + squares)
     elif sp:
-        value = sbh * (34 / tp + 5 * a * s / (h * tp))
+        value = sbh * (34 / tp + squares / tp)
     else:
-        value = sbh * (10 + 24 / tp + 5 * a * s / (h * tp))
+        value = sbh * (10 + 24 / tp + squares / tp)
     scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations
     return int(value * scale)
 
 
-def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "") -> None:
-    """Launch fused compute segments (segments.py) and the tensor-parallel collectives between
-    them on ``gpu``: a collective is waited for at once, unless it is overlapped; then it is waited
-    for at the next ``"w"`` segment, after the compute it runs beside."""
+def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", cp_group=None) -> None:
+    """Launch fused compute segments (segments.py) and the tensor- (and context-) parallel
+    collectives between them on ``gpu``: a collective is waited for at once, unless it is
+    overlapped; then it is waited for at the next ``"w"`` segment, after the compute it runs beside
+    (collectives of one group share a stream, so the last one done means all are)."""
     pending = None
     for seg in segments:
         kind = seg[0]
         if kind == "c":
             gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
         elif kind == "m":
-            if tp_group is None:
+            context = seg[5] == "cp"
+            group = cp_group if context else tp_group
+            if group is None:
                 continue
-            handle = getattr(gpu, seg[2])(seg[3], tp_group, async_op=True, stream="tp")
+            handle = getattr(gpu, seg[2])(seg[3], group, async_op=True, stream="cp" if context else "tp")
             if seg[4]:
                 pending = handle  # overlapped: waited for after the next compute segment
             else:
@@ -110,12 +118,13 @@ def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "") -> N
             pending = None
 
 
-def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
+def segments_time_ns(segments: list[tuple], collective_ns, cp_collective_ns=None) -> tuple[int, int]:
     """(elapsed, compute) ns of one pass over fused segments on the compute stream, in closed form.
 
     What :func:`launch_segments` makes the engine do: a compute segment runs for its duration; a
-    collective (``collective_ns(op, size_bytes)``) is waited for at once, unless it is marked
-    overlapped, then it runs beside the next compute segment and the ``"w"`` segment waits for it.
+    collective (``collective_ns(op, size_bytes)``, or ``cp_collective_ns`` for the context group's)
+    is waited for at once, unless it is marked overlapped, then it runs beside the next compute
+    segment and the ``"w"`` segment waits for it; collectives of one group queue on its stream.
     """
     now = compute = 0
     pending_end = None
@@ -125,9 +134,11 @@ def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
             now += seg[2]
             compute += seg[2]
         elif kind == "m":
-            duration = collective_ns(seg[2], seg[3])
+            timer = cp_collective_ns if seg[5] == "cp" else collective_ns
+            duration = timer(seg[2], seg[3]) if timer is not None else 0
             if seg[4]:
-                pending_end = now + duration  # launched after the compute before it
+                start = now if pending_end is None else max(now, pending_end)
+                pending_end = start + duration  # launched after the compute before it
             else:
                 now += duration
         elif pending_end is not None:
@@ -137,13 +148,13 @@ def segments_time_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
 
 
 def collective_lead_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
-    """(compute before the first collective, summed durations of the collectives) of fused segments;
-    ``collective_ns(op, size_bytes)`` times a collective."""
+    """(compute before the first tensor collective, summed durations of the tensor collectives) of
+    fused segments; ``collective_ns(op, size_bytes)`` times a collective."""
     lead, first, total = 0, True, 0
     for seg in segments:
         if seg[0] == "c" and first:
             lead += seg[2]
-        elif seg[0] == "m":
+        elif seg[0] == "m" and seg[5] == "tp":
             first = False
             total += collective_ns(seg[2], seg[3])
     return lead, total

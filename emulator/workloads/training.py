@@ -27,7 +27,7 @@ from emulator.workloads import data_parallel as dpar
 from emulator.workloads import layer_costs as lc
 from emulator.workloads import pipeline as pipe
 from emulator.workloads.layout import layout_of
-from emulator.workloads.memory import logits_bytes, params_on_rank, static_bytes
+from emulator.workloads.memory import logits_bytes, params_on_rank, static_bytes, zero3_buffer_bytes
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
 from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_segments
@@ -41,10 +41,13 @@ def training_program(config):
     micro = pipe.microbatches(config)
     shape = layer_shape(config)
     p2p_bytes = pipe.message_bytes(config)
-    layer_grad_bytes = lc.layer_params_per_rank(shape) * dpar.grad_bytes_per_param(t.precision)
-    layer_gather_bytes = dpar.zero3_gather_bytes(lc.layer_params_per_rank(shape), t.precision, p.data)
+    layer_params = lc.layer_params_per_rank(shape)
+    layer_grad_bytes = layer_params * dpar.config_grad_bytes(config)
+    layer_weight_bytes = layer_params * dpar.weight_bytes_per_param(t.precision)
     bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
     reduce_op = dpar.gradient_collective(p.zero_stage)
+    replicas, shard = dpar.replicas(config), dpar.shard_size(config)
+    zero3 = dpar.gathers_every_layer(p.zero_stage) and shard > 1
     tied_bytes = pipe.tied_embedding_bytes(config)
     act_layer = activation_bytes_per_layer(config)
     # with full recomputation one layer's activations are rebuilt during its backward
@@ -59,34 +62,49 @@ def training_program(config):
         if segs is None:
             segs = segments_by_gpu[gpu.gpu_type] = model_segments(config, gpu.spec)
         tp_group = gpu.new_group(layout.tensor_group(rank)) if p.tensor > 1 else None
-        dp_group = gpu.new_group(layout.data_group(rank)) if p.data > 1 else None
+        cp_group = gpu.new_group(layout.context_group(rank)) if p.context > 1 else None
+        grad_group = gpu.new_group(layout.gradient_group(rank)) if replicas > 1 else None
+        shard_group = replica_group = None
+        if zero3:
+            shard_group = gpu.new_group(layout.shard_group(rank, shard))
+            replica_group = gpu.new_group(layout.replica_group(rank, shard)) if shard < replicas else None
         pp_ranks = layout.pipeline_group(rank)
         n_layers = pipe.layers_of_stage(config, stage)
         last_stage = p.pipeline - 1
         stage_params = params_on_rank(config, stage)
-        optimizer_segments = dpar.optimizer_step_segments(stage_params, p.zero_stage, p.data, gpu.spec, t.precision)
+        optimizer_segments = dpar.optimizer_step_segments(stage_params, p.zero_stage, shard, gpu.spec, t.precision)
         # the gradient buckets of one chunk's backward: after which layers, and the rest at its end
         buckets_after, buckets_rest = dpar.gradient_buckets(n_layers, layer_grad_bytes, bucket_bytes)
+        # ZeRO 1-2 with overlap_param_gather: each chunk's weight gathers, in forward order
+        overlapped_gather = dpar.gathers_after_step(p.zero_stage) and grad_group is not None and p.overlap_param_gather
+        extra_params = stage_params - n_layers * chunks * layer_params  # the embedding / output layer
+        gather_buckets = [
+            dpar.param_gather_buckets(n_layers, layer_weight_bytes, bucket_bytes,
+                                      extra_params * dpar.weight_bytes_per_param(t.precision) if c == 0 else 0)
+            for c in range(chunks)
+        ] if overlapped_gather else []  # fmt: skip
 
         weights, grads, optimizer = static_bytes(config, stage)
         gpu.alloc(weights, f"stage{stage}.weights")
         gpu.alloc(grads, f"stage{stage}.gradients")
         gpu.alloc(optimizer, f"stage{stage}.optimizer_states")
+        if zero3:
+            gpu.alloc(zero3_buffer_bytes(config), f"stage{stage}.zero3_unit_buffers")
 
         def run_segments(segments, suffix: str) -> None:
-            launch_segments(gpu, segments, tp_group, suffix)
+            launch_segments(gpu, segments, tp_group, suffix, cp_group)
 
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
-            if not dpar.gathers_every_layer(p.zero_stage) or dp_group is None:
+            if not zero3:
                 for _ in range(layers):
                     yield
                 return
-            ahead = gpu.all_gather(layer_gather_bytes, dp_group, async_op=True, stream="dp")
+            ahead = gpu.all_gather(layer_weight_bytes, shard_group, async_op=True, stream="dp")
             for i in range(layers):
                 current = ahead
                 if i + 1 < layers:
-                    ahead = gpu.all_gather(layer_gather_bytes, dp_group, async_op=True, stream="dp")
+                    ahead = gpu.all_gather(layer_weight_bytes, shard_group, async_op=True, stream="dp")
                 current.wait()
                 yield
 
@@ -96,7 +114,9 @@ def training_program(config):
             return pp_ranks[dst_stage], dst_chunk
 
         activations: dict[tuple[int, int], object] = {}
-        buckets: list = []
+        pending: list = []  # gradient reductions in flight, waited for before the optimizer step
+        late_buckets: list[int] = []  # without overlap_grad_reduce: reduced after the backward
+        gathers: dict[int, list] = {}  # per chunk: the overlapped weight gathers not yet waited for
 
         def forward(mb: int, chunk: int) -> None:
             first = stage == 0 and chunk == 0
@@ -107,9 +127,14 @@ def training_program(config):
             size = act_layer * n_layers + (logits_bytes(config) if final else 0)
             activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
             suffix = f" mb{mb}"
+            waiting = gathers.pop(chunk, None)
             if first:
+                if waiting:
+                    waiting.pop(0)[1].wait()
                 run_segments(segs.embedding_forward, suffix)
-            for _ in zero3_gathers(n_layers):
+            for layer, _ in enumerate(zero3_gathers(n_layers)):
+                while waiting and waiting[0][0] <= layer:
+                    waiting.pop(0)[1].wait()
                 run_segments(segs.layer_forward, suffix)
             if final:
                 run_segments(segs.logits_forward, suffix)
@@ -124,7 +149,7 @@ def training_program(config):
                 src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
                 gpu.recv(src, p2p_bytes, tag=1000 + chunk, async_op=True, stream=f"pp.recv.bwd{chunk}").wait()
             suffix = f" mb{mb}"
-            reduce_now = mb == micro - 1 and dp_group is not None
+            reduce_now = mb == micro - 1 and grad_group is not None and not zero3
             if final:
                 run_segments(segs.logits_backward, suffix)
             for layer, _ in enumerate(zero3_gathers(n_layers)):
@@ -132,36 +157,54 @@ def training_program(config):
                 run_segments(segs.layer_backward, suffix)
                 if rebuilt is not None:
                     gpu.free(rebuilt)
-                if reduce_now and layer in buckets_after:
-                    buckets.append(reduce_grads(buckets_after[layer]))
+                if zero3:
+                    reduce_layer()
+                elif reduce_now and layer in buckets_after:
+                    reduce_bucket(buckets_after[layer])
             if first:
                 run_segments(segs.embedding_backward, suffix)
             if reduce_now and buckets_rest:
-                buckets.append(reduce_grads(buckets_rest))
+                reduce_bucket(buckets_rest)
             gpu.free(activations.pop((mb, chunk)))
             if not first:
                 dst, dst_chunk = neighbour(chunk, False)
                 gpu.send(dst, p2p_bytes, tag=1000 + dst_chunk, async_op=True, stream="pp.send.bwd")
 
-        def reduce_grads(size: int):
-            return getattr(gpu, reduce_op)(size, dp_group, async_op=True, stream="dp")
+        def reduce_bucket(size: int) -> None:
+            if p.overlap_grad_reduce:
+                pending.append(getattr(gpu, reduce_op)(size, grad_group, async_op=True, stream="dp"))
+            else:
+                late_buckets.append(size)
+
+        def reduce_layer() -> None:
+            """ZeRO-3: the layer's gradients reduce-scattered in its shard group, the shard then
+            all-reduced across the replicas (hybrid sharding)."""
+            pending.append(gpu.reduce_scatter(layer_grad_bytes, shard_group, async_op=True, stream="dp"))
+            if replica_group is not None:
+                pending.append(gpu.all_reduce(layer_grad_bytes // shard, replica_group, async_op=True, stream="dp"))
 
         actions = schedule(stage, p.pipeline, micro, chunks)
         for _ in range(t.iterations):
+            for c, buckets in enumerate(gather_buckets):
+                gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
+                              for layer, size in buckets]  # fmt: skip
             for is_forward, mb, chunk in actions:
                 if is_forward:
                     forward(mb, chunk)
                 else:
                     backward(mb, chunk)
-            for handle in buckets:
+            for size in late_buckets:
+                pending.append(getattr(gpu, reduce_op)(size, grad_group, async_op=True, stream="dp"))
+            late_buckets.clear()
+            for handle in pending:
                 handle.wait()
-            buckets.clear()
+            pending.clear()
             if tied_bytes and stage in (0, last_stage):
                 embedding = gpu.new_group(layout.embedding_group(rank))
                 gpu.all_reduce(tied_bytes, embedding, stream="dp")
             run_segments(optimizer_segments, "")
-            if dpar.gathers_after_step(p.zero_stage) and dp_group is not None:
-                gpu.all_gather(dpar.weight_gather_bytes(stage_params, t.precision), dp_group, stream="dp")
+            if dpar.gathers_after_step(p.zero_stage) and grad_group is not None and not overlapped_gather:
+                gpu.all_gather(dpar.weight_gather_bytes(stage_params, t.precision), grad_group, stream="dp")
             gpu.mark_iteration()
 
     return program

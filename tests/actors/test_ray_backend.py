@@ -52,6 +52,14 @@ def identity_cases() -> dict:
         "workload": load_run(CONFIGS / "runs/megatron-22b-8gpu.yaml",
                              ["cluster.nodes=4", "parallel.pipeline=2", "parallel.data=2", "model.num_layers=4",
                               "training.global_batch_size=16"]),
+        # context parallelism (ring K/V exchange across nodes) and FSDP hybrid sharding
+        "context": load_run(CONFIGS / "runs/llama31-70b-cp-64gpu.yaml",
+                            ["cluster.nodes=4", "parallel.tensor=8", "parallel.pipeline=2", "parallel.data=1",
+                             "parallel.virtual_stages=1", "model.num_layers=4", "training.seq_length=4096",
+                             "training.global_batch_size=4"]),
+        "zero3-hybrid": load_run(CONFIGS / "runs/llama3-70b-zero3-64gpu.yaml",
+                                 ["cluster.nodes=4", "parallel.data=32", "parallel.zero_shard_group=8",
+                                  "model.num_layers=2", "training.seq_length=1024", "training.global_batch_size=32"]),
     }  # fmt: skip
 
 

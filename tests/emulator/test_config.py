@@ -29,9 +29,15 @@ def test_wrong_type_names_path(tmp_path):
 
 
 def test_inconsistent_parallel_sizes_print_every_factor(tmp_path):
-    """tensor * pipeline * data != world size prints all factors."""
+    """tensor * context * pipeline * data != world size prints all factors."""
     text = "cluster: dgx-a100-hdr\nmodel: megatron-22b\nparallel: {tensor: 8, pipeline: 2, data: 3}\n"
-    with pytest.raises(ConfigError, match=r"tensor\(8\) \* pipeline\(2\) \* data\(3\) = 48 != world size 32"):
+    with pytest.raises(ConfigError, match=r"tensor\(8\) \* context\(1\) \* pipeline\(2\) \* data\(3\) = 48 "
+                       r"!= world size 32"):
+        load_run(_write(tmp_path, text))
+    text = ("cluster: {from: dgx-h100-ndr, nodes: 32}\nmodel: llama3-70b\n"
+            "parallel: {tensor: 8, context: 2, pipeline: 4, data: 3}\n")
+    with pytest.raises(ConfigError, match=r"^parallel: tensor\(8\) \* context\(2\) \* pipeline\(4\) \* data\(3\) = 192 "
+                       r"!= world size 256$"):
         load_run(_write(tmp_path, text))
 
 

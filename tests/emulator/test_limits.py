@@ -77,7 +77,8 @@ def test_number_strings_parse_as_numbers_for_numeric_fields():
 
 
 def test_derived_data_that_does_not_divide_names_the_product():
-    with pytest.raises(ConfigError, match=r"world size 32 is not divisible by tensor\(8\) \* pipeline\(3\) = 24"):
+    with pytest.raises(ConfigError, match=r"world size 32 is not divisible by tensor\(8\) \* context\(1\) \* "
+                                          r"pipeline\(3\) = 24"):
         load_run(BLOOM, ["parallel.tensor=8", "parallel.pipeline=3", "parallel.data=null"])
 
 

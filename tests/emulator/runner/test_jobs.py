@@ -61,7 +61,7 @@ def _dp_job(name: str, **where) -> dict:
          "jobs[1]: placement spread puts every job on 4 nodes; b's 10 GPUs are not a multiple of 4"),
         ([{"name": "a", "nodes": 1}], {}, "jobs[0] (a): the run needs either 'program"),
         ([{"name": "a", "nodes": 1, "model": {"num_layers": 2}, "parallel": {"data": 16}}], {},
-         "jobs[0] (a): parallel: tensor(1) * pipeline(1) * data(16) = 16 != world size 8"),
+         "jobs[0] (a): parallel: tensor(1) * context(1) * pipeline(1) * data(16) = 16 != world size 8"),
         ([{**_dp_job("a", nodes=1), "faults": {}}], {}, "unknown key 'jobs[0].faults'"),
         ([{**_dp_job("a", nodes=1), "cluster": {"nodes": 1, "gpu": "h100-sxm-80gb"}}], {},
          "jobs[0].cluster: the job's own cluster has h100-sxm-80gb GPUs but it gets rank 0, a a100-sxm-80gb"),

@@ -107,6 +107,13 @@ def test_estimator_is_fast():
                 "training.recompute": "none",
             },
         ),  # fmt: skip
+        # context parallelism (ring), TP overlap, flash attention, overlapped distributed optimizer
+        ("llama31-70b-cp-64gpu.yaml", {"cluster.nodes": 4, "parallel.tensor": 8, "parallel.pipeline": 2,
+                                       "parallel.data": 1, "parallel.virtual_stages": 1, "model.num_layers": 8,
+                                       "training.global_batch_size": 8}),  # fmt: skip
+        # FSDP hybrid sharding across nodes
+        ("llama3-70b-zero3-64gpu.yaml", {"cluster.nodes": 4, "parallel.data": 32, "parallel.zero_shard_group": 8,
+                                         "model.num_layers": 4, "training.global_batch_size": 64}),  # fmt: skip
     ],
 )
 def test_estimate_within_15_percent_of_the_emulation(run_file, overrides):

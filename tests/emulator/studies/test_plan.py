@@ -40,7 +40,8 @@ def test_enumeration_yields_only_valid_configs(ranked):
     seen = set()
     for c in candidates:
         k = c.knobs
-        assert k["parallel.tensor"] * k["parallel.pipeline"] * k["parallel.data"] == 8
+        assert k["parallel.tensor"] * k["parallel.context"] * k["parallel.pipeline"] * k["parallel.data"] == 8
+        assert 2048 % (2 * k["parallel.context"]) == 0  # the sequence splits into 2 * context chunks
         assert 8 % k["parallel.tensor"] == 0  # inside a node
         assert base.model.num_layers % (k["parallel.pipeline"] * k["parallel.virtual_stages"]) == 0
         assert k["parallel.sequence_parallel"] is False or k["parallel.tensor"] > 1

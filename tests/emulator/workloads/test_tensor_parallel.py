@@ -21,8 +21,8 @@ RUN = CONFIGS / "runs" / "megatron-22b-8gpu.yaml"
 
 def test_segments_time_mirrors_launch_order():
     """Blocking collectives add; an overlapped one runs beside the next compute, waited at "w"."""
-    segments = [("c", "a", 100, 0.0), ("m", "x", "all_reduce", 10, False), ("c", "b", 50, 0.0),
-                ("m", "y", "reduce_scatter", 20, True), ("c", "wgrad", 30, 0.0), ("w",)]  # fmt: skip
+    segments = [("c", "a", 100, 0.0), ("m", "x", "all_reduce", 10, False, "tp"), ("c", "b", 50, 0.0),
+                ("m", "y", "reduce_scatter", 20, True, "tp"), ("c", "wgrad", 30, 0.0), ("w",)]  # fmt: skip
     times = {("all_reduce", 10): 7, ("reduce_scatter", 20): 45}
     elapsed, compute = segments_time_ns(segments, lambda op, size: times[(op, size)])
     assert compute == 180
