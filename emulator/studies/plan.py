@@ -8,8 +8,9 @@ dividing the heads), context parallelism (:data:`CONTEXT_SIZES`, dividing the se
 stages (dividing the layers evenly), data parallelism (the rest of the world), virtual stages
 (interleaved 1F1B), micro-batch size, sequence parallelism, recomputation, ZeRO stage and schedule
 - at most :data:`MAX_CANDIDATES`; the run's other knobs (TP overlap, gradient dtype, attention
-kernel, hybrid sharding under ZeRO-3) are kept. Each gets the memory model of the emulation (emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form
-estimate of emulator/studies/estimate.py; the ``--top`` fastest that fit are emulated side by side with
+kernel, hybrid sharding under ZeRO-3) are kept. Each gets the memory model of the emulation
+(emulator/workloads/memory.py, against every stage's GPU capacity) and the closed-form estimate
+of emulator/studies/estimate.py; the ``--top`` fastest that fit are emulated side by side with
 the sweep machinery (emulator/studies/sweep.py). ``DIR/plan.csv`` has one row per candidate,
 ``DIR/emulated/`` the sweep of the emulated ones, ``DIR/best.yaml`` the run file of the best plan
 (the best emulated one; the best estimated one when none was emulated), ready for ``emulator run``.
