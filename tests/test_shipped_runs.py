@@ -3,7 +3,8 @@ examples change only when a change means them to (then update the row here and s
 commit). Fingerprints recorded on b6dd35e, the layout before emulator/ was split into packages;
 the five ZeRO 1-2 runs since ``parallel.overlap_param_gather`` (on by default, as Megatron-Core's
 recipes run) gathers the updated weights beside the next forward (with it off they give their
-b6dd35e fingerprints: tests/emulator/workloads/test_training.py).
+b6dd35e fingerprints: tests/emulator/workloads/test_recipes.py); and the runs on H100s since the
+GH100's sustained fraction is calibrated on H100 runs (emulator/hardware/gpus.py).
 
     python -m pytest -q tests/test_shipped_runs.py            # the quick ones
     python -m pytest -q tests/test_shipped_runs.py -m slow    # the 1024- and 3072-GPU runs too
@@ -32,12 +33,12 @@ SHIPPED = {
     "runs/bloom-560m-straggler.yaml": (0, "7bede3fe563c7ef0ef548286a4612e61"),
     "runs/bloom-560m-zero2.yaml": (0, "d8ec67bd9e2cdde4822fbba3770a0644"),
     "runs/gpt3-175b-1024gpu.yaml": (0, "fcca0e49fabb57b33390edc058cfdab9"),
-    "runs/gpt3-175b-nvidia-128gpu.yaml": (0, "7a5e714ad282ec9087627140eeaa5248"),
-    "runs/hetero-uneven-pipeline-planned.yaml": (0, "0807087045c1452a64860776fea8a814"),
-    "runs/hetero-uneven-pipeline.yaml": (0, "78e7918ecbc726b86afe292c0e0166de"),
+    "runs/gpt3-175b-nvidia-128gpu.yaml": (0, "9ebe13ea22179fa8988e812dc020b5d4"),
+    "runs/hetero-uneven-pipeline-planned.yaml": (0, "d68b04f5d561eb4fc0e3af4d4715fabb"),
+    "runs/hetero-uneven-pipeline.yaml": (0, "a131ebd7124d068928eec59b95598075"),
     "runs/llama3-70b-zero3-64gpu.yaml": (0, "310ebcf35f9cb4b8a46fc568f24989d9"),
-    "runs/llama31-70b-cp-64gpu.yaml": (0, "6fddc08a385133ec0f45160461b04df7"),
-    "runs/llama3-8b-64gpu.yaml": (0, "96301185195f876e2274b008ccefc2ef"),
+    "runs/llama31-70b-cp-64gpu.yaml": (0, "4a81e265b2ee72f87d0d0e5acc552c8d"),
+    "runs/llama3-8b-64gpu.yaml": (0, "94f70ec80aea31dce27bcd145815ebf7"),
     "runs/megatron-175b-64gpu.yaml": (0, "f22ed71d66a1d7b1c9f75f8c25fe4477"),
     "runs/megatron-1t-3072gpu.yaml": (0, "f671615fdce7f3a0329c5aef0a0d1598"),
     "runs/megatron-22b-8gpu.yaml": (0, "96d492118d276a3bc05bc81fc69c6d93"),

@@ -59,6 +59,15 @@ _MEMORY_EFFICIENCY = 0.64
 _SUSTAINED_FRACTION = 0.87
 _MEMORY_HALF_TIME_S = 5e-6
 
+# The same figure for the GH100 GPUs (H100, H200), calibrated once against the Megatron-LM README's
+# H100 weak-scaling table (published.yaml megatron_lm_readme_h100: nine models from 1.7B to 462B on
+# 48 to 6144 GPUs, per-GPU model TFLOP/s): the value with the least mean absolute error over its
+# rows as `emulator validate` runs them (0.70, 0.72, 0.74 tried: 8.0%, 8.0%, 8.2%). A 700 W H100 sustains a
+# smaller share of its boost-clock datasheet peak under whole-GPU load than the A100 does, and the
+# rows' kernels are 2024's (fused attention, TP overlap), so the A100 value does not carry over.
+# The Llama 3 and torchtitan rows of `emulator validate` are predictions with it.
+_H100_SUSTAINED_FRACTION = 0.72
+
 # Batched attention GEMMs (QK^T and PV, inner dimension = head size) are typically memory-bound
 # at training sequence lengths; when compute-bound they reach about the same tensor-core fraction
 # as large GEMMs, so the same cap is used (ratio 1.0). Kept separate so a flash-attention kernel
@@ -97,6 +106,7 @@ def make_gpu(
     hbm_tbps: float,
     matmul_efficiency_max: float,
     source: str,
+    sustained_fraction: float = _SUSTAINED_FRACTION,
 ) -> GpuSpec:
     """Build a GpuSpec from datasheet units, deriving the curve sizes from the calibrated times."""
     peak = {k: v * 1e12 for k, v in peak_tflops.items()}
@@ -116,7 +126,7 @@ def make_gpu(
         memory_efficiency_max=_MEMORY_EFFICIENCY,
         memory_half_bytes=bandwidth * _MEMORY_EFFICIENCY * _MEMORY_HALF_TIME_S,
         source=source,
-        sustained_fraction=_SUSTAINED_FRACTION,
+        sustained_fraction=sustained_fraction,
     )
 
 
@@ -153,6 +163,17 @@ for _spec in (
         source="NVIDIA A100 datasheet (bf16/fp16 312, TF32 156, FP32 19.5 TFLOP/s, 80 GB HBM2e, "
         f"2.039 TB/s); published.yaml gpus.a100-sxm-80gb; {_EFF_SOURCE} (a100-sxm 0.859)",
     ),
+    # The 40 GB SXM4 part (HGX A100 40GB): same peak rates and GEMM efficiency, HBM2 at 1.555 TB/s.
+    make_gpu(
+        "a100-sxm-40gb",
+        {"bf16": 312, "fp16": 312, "fp32": 156},
+        vector_tflops=19.5,
+        hbm_gib=40,
+        hbm_tbps=1.555,
+        matmul_efficiency_max=0.859,
+        source="NVIDIA A100 datasheet (SXM4 40 GB HBM2, 1.555 TB/s; bf16/fp16 312 TFLOP/s); "
+        f"{_EFF_SOURCE} (a100-sxm 0.859); GPT-NeoX-20B's cluster (published.yaml gpt_neox_20b)",
+    ),
     # Same GA100 silicon and peak rates as SXM; PCIe boards are capped at 250-300 W and may clock
     # lower under sustained GEMMs, which no published row quantifies, so the SXM GEMM efficiency
     # is reused (an optimistic assumption for commodity PCIe clusters).
@@ -183,6 +204,21 @@ for _spec in (
         matmul_efficiency_max=0.801,
         source="NVIDIA H100 SXM datasheet (dense: bf16 989.4, TF32 494.7, fp8 1978.9, FP32 66.9 TFLOP/s, "
         f"80 GB HBM3, 3.35 TB/s); published.yaml gpus.h100-sxm-80gb; {_EFF_SOURCE} (h100-sxm 0.801)",
+        sustained_fraction=_H100_SUSTAINED_FRACTION,
+    ),
+    # The 96 GB HBM2e H100 of torchtitan's published runs (published.yaml torchtitan_llama31_8b_fsdp:
+    # 96 GB, 2.4 TB/s, 500 W power limit): the same GH100 peak and GEMM efficiency are assumed; its
+    # power cap lowers sustained clocks by an amount no published figure gives, so it is not modelled.
+    make_gpu(
+        "h100-sxm-96gb",
+        {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7, "fp8": 1978.9},
+        vector_tflops=66.9,
+        hbm_gib=96,
+        hbm_tbps=2.4,
+        matmul_efficiency_max=0.801,
+        source="published.yaml torchtitan_llama31_8b_fsdp hardware (96 GB HBM2e, 2.4 TB/s); peak and "
+        f"efficiency assumed = h100-sxm-80gb; {_EFF_SOURCE} (h100-sxm 0.801)",
+        sustained_fraction=_H100_SUSTAINED_FRACTION,
     ),
     # Same GH100 die and clocks as the H100 SXM with more and faster HBM3e; the H100 GEMM
     # efficiency is reused (no published H200 row).
@@ -195,6 +231,7 @@ for _spec in (
         matmul_efficiency_max=0.801,
         source="NVIDIA H200 datasheet (bf16 989, fp8 1979 dense, 141 GB HBM3e, 4.8 TB/s); "
         "published.yaml gpus.h200-sxm-141gb; efficiency assumed = h100-sxm 0.801",
+        sustained_fraction=_H100_SUSTAINED_FRACTION,
     ),
     # MI250X has no TF32: 'fp32' is the FP32 matrix-core rate. Efficiency is the per-GCD row.
     make_gpu(

@@ -1,13 +1,16 @@
 """``emulator validate``: predictions next to published measurements, with the error in percent.
 
-    emulator validate               # every case (about 30 s: the 1T runs emulate 512 GPUs)
+    emulator validate               # every case (about 5 minutes: the H100 rows emulate up to 6144 GPUs)
     emulator validate --only 22B    # the cases whose name contains "22B"
+    emulator validate --only H100   # the Megatron-LM README's H100 weak scaling (about 4 minutes)
 
 Cases: nccl-tests bus bandwidth, one 22B transformer layer (Korthikanti et al. 2022 Table 4),
 model-state memory per GPU under ZeRO stages 0-3 (Rajbhandari et al. 2020, Figure 1), whole
 training iterations of the 22B, 175B, 530B and 1T models (Table 5), with full recomputation and
 with selective recomputation plus sequence parallelism, and the activation memory the first
-pipeline stage holds at its peak in those same runs against Korthikanti's Table 2 (below).
+pipeline stage holds at its peak in those same runs against Korthikanti's Table 2 (below); and
+the 2024-era recipes (:func:`recipe_rows`): the Megatron-LM README's H100 weak-scaling table,
+torchtitan's Llama 3.1 8B FSDP2 runs, GPT-NeoX-20B.
 Nothing here is tuned per case: every run uses the shipped cluster preset and the same hardware
 parameters.
 
@@ -37,13 +40,23 @@ from emulator.studies.validation_cases import (
     ACTIVATION_CASES,
     ACTIVATION_PER_LAYER,
     KORTHIKANTI,
+    MEGATRON_H100,
+    MEGATRON_MAX_LAYERS_PER_CHUNK,
+    MEGATRON_README,
+    MEGATRON_SEQ,
+    MEGATRON_VOCAB,
     NCCL_BUSBW,
+    NEOX,
+    NEOX_20B,
     RAJBHANDARI,
     TABLE4_22B_MS,
     TABLE4_NAMES,
     TABLE5,
+    TORCHTITAN,
+    TORCHTITAN_8B,
     ZERO_FIGURE1,
 )
+from emulator.workloads.metrics import model_flops_per_iteration
 from emulator.workloads.pipeline import microbatches
 from netmodel.topology import Topology
 
@@ -61,6 +74,63 @@ def table5_config(row, recompute: str, sequence_parallel: bool) -> RunConfig:
         "training": {"micro_batch_size": mbs, "global_batch_size": gbs, "seq_length": 2048, "recompute": recompute},
     }
     return from_dict(RunConfig, data, "")
+
+
+def megatron_h100_config(row) -> RunConfig:
+    """A row of the Megatron-LM README's H100 weak-scaling table as a run (validation_cases.py)."""
+    size, layers, hidden, heads, tp, pp, gpus, gbs = row[:8]
+    cluster, _ = resolve_reference("cluster", "dgx-h100-ndr", CONFIG_ROOT)
+    per_stage = layers // pp
+    chunks = 1 if pp == 1 else min(v for v in range(1, per_stage + 1)
+                                    if per_stage % v == 0 and per_stage // v <= MEGATRON_MAX_LAYERS_PER_CHUNK)
+    data = {
+        "name": f"megatron-{size}-h100",
+        "cluster": dict(cluster, nodes=gpus // 8),
+        "model": {"name": f"megatron-{size}", "num_layers": layers, "hidden_size": hidden,
+                  "num_attention_heads": heads, "vocab_size": MEGATRON_VOCAB, "position_embedding": "rope",
+                  "tie_embeddings": False},
+        "parallel": {"tensor": tp, "pipeline": pp, "virtual_stages": chunks, "sequence_parallel": tp > 1,
+                     "tp_comm_overlap": tp > 1, "zero_stage": 1},
+        "training": {"micro_batch_size": 1, "global_batch_size": gbs, "seq_length": MEGATRON_SEQ,
+                     "recompute": "none", "attention": "flash"},
+    }  # fmt: skip
+    return from_dict(RunConfig, data, "")
+
+
+def torchtitan_config(gpus: int, global_batch: int) -> RunConfig:
+    """torchtitan's Llama 3.1 8B FSDP2 run on ``gpus`` 96 GB H100s (validation_cases.py)."""
+    cluster, _ = resolve_reference("cluster", "dgx-h100-ndr", CONFIG_ROOT)
+    model, _ = resolve_reference("model", "llama3-8b", CONFIG_ROOT)
+    data = {
+        "name": f"torchtitan-8b-{gpus}gpu",
+        "cluster": dict(cluster, nodes=gpus // 8, gpu="h100-sxm-96gb"),
+        "model": model,
+        "parallel": {"data": gpus, "zero_stage": 3},
+        "training": {"micro_batch_size": 2, "global_batch_size": global_batch, "seq_length": 8192,
+                     "recompute": "selective", "attention": "flash"},
+    }  # fmt: skip
+    return from_dict(RunConfig, data, "")
+
+
+def neox_config() -> RunConfig:
+    """GPT-NeoX-20B's training run (validation_cases.py): rotary, untied, 2022 kernels (unfused attention)."""
+    cluster, _ = resolve_reference("cluster", "dgx-a100-hdr", CONFIG_ROOT)
+    data = {
+        "name": "gpt-neox-20b",
+        "cluster": dict(cluster, nodes=12, gpu="a100-sxm-40gb", nic=dict(cluster["nic"], count=4)),
+        "model": {"name": "gpt-neox-20b", "num_layers": 44, "hidden_size": 6144, "num_attention_heads": 64,
+                  "ffn_hidden_size": 24576, "vocab_size": 50257, "position_embedding": "rope",
+                  "tie_embeddings": False},
+        "parallel": {"tensor": 2, "pipeline": 4, "data": 12, "zero_stage": 1},
+        "training": {"micro_batch_size": 4, "global_batch_size": 1536, "seq_length": 2048, "recompute": "full",
+                     "precision": "fp16"},
+    }  # fmt: skip
+    return from_dict(RunConfig, data, "")
+
+
+def model_tflops_per_gpu(config, result) -> float:
+    """Model TFLOP/s per GPU of a run (workloads/metrics.py's count: Megatron-LM's convention)."""
+    return model_flops_per_iteration(config) / iteration_s(config, result) / config.cluster.world_size / 1e12
 
 
 def run_case(config):
@@ -212,14 +282,44 @@ def run_validation(only: str | None = None) -> list[dict]:
                 rows.append(_row(memory_case, emulated_activation_bytes(config, result) / 1e9,
                                  published_activation_bytes(config, table2_row) / 1e9, "GB",
                                  f"{KORTHIKANTI}, Table 2 and section 4 (pipeline parallelism)"))  # fmt: skip
+    rows += recipe_rows(only)
+    return rows
+
+
+def recipe_rows(only: str | None = None) -> list[dict]:
+    """The 2024-era recipes: the Megatron-LM README's H100 weak scaling, torchtitan's FSDP2 runs,
+    GPT-NeoX-20B. Each row's case names what the source leaves open and the value taken."""
+    rows = []
+    for row in MEGATRON_H100:
+        config = megatron_h100_config(row)
+        v = config.parallel.virtual_stages
+        case = f"Megatron {row[0]} H100, TFLOP/s per GPU (assumed: mbs 1, v {v}, no recompute, flash)"
+        if only and only not in case:
+            continue
+        result = run_case(config)
+        rows.append(_row(case, model_tflops_per_gpu(config, result), row[8], "TF/s", MEGATRON_README))
+    for gpus, global_batch, tokens_per_s, _memory_gib in TORCHTITAN_8B:
+        case = f"torchtitan Llama 3.1 8B FSDP {gpus} GPUs, tokens/s per GPU (assumed: fp32 reduce)"
+        if only and only not in case:
+            continue
+        config = torchtitan_config(gpus, global_batch)
+        seconds = iteration_s(config)
+        tokens = config.training.global_batch_size * config.training.seq_length
+        rows.append(_row(case, tokens / seconds / gpus, tokens_per_s, "tok/s", TORCHTITAN))
+    case = "GPT-NeoX-20B step on 96 A100-40GB (assumed: 117 TFLOP/s counts recompute)"
+    if not (only and only not in case):
+        config = neox_config()
+        rows.append(_row(case, iteration_s(config), NEOX_20B["step_s_recompute_counted"], "s", NEOX))
     return rows
 
 
 def format_report(rows: list[dict]) -> str:
-    lines = [f"{'case':<52} {'predicted':>10} {'published':>10} {'unit':>5} {'error':>8}"]
+    width = max([52, *(len(r["case"]) for r in rows)])
+    lines = [f"{'case':<{width}} {'predicted':>10} {'published':>10} {'unit':>5} {'error':>8}"]
     for r in rows:
         lines.append(
-            f"{r['case']:<52} {r['predicted']:>10.3f} {r['published']:>10.3f} {r['unit']:>5} {r['error_pct']:>+7.1f}%"
+            f"{r['case']:<{width}} {r['predicted']:>10.3f} {r['published']:>10.3f} {r['unit']:>5} "
+            f"{r['error_pct']:>+7.1f}%"
         )
     worst = max((abs(r["error_pct"]) for r in rows), default=0.0)
     lines.append(f"{len(rows)} cases, largest error {worst:.1f}%")

@@ -72,3 +72,48 @@ ACTIVATION_CASES = {
     ("selective", True): ("tensor_and_sequence_parallel_selective_recompute", "selective + SP"),
     ("selective", False): ("tensor_parallel_selective_recompute", "selective recompute"),
 }
+
+MEGATRON_README = (
+    "NVIDIA/Megatron-LM README.md, Training Speed and Scalability (commit f2e5db40, 2024-07-15, Megatron-Core r0.8.0)"
+)
+
+# Weak scaling on H100 (DGX H100 assumed: 8 GPUs a node, 8x NDR): per-GPU model TFLOP/s, end to
+# end; vocabulary 131072, sequence 4096, data parallel 48, --overlap-grad-reduce
+# --overlap-param-gather --tp-comm-overlap (hence sequence parallelism and the distributed
+# optimizer). Assumed (not in the source, reported in each row): micro batch 1, no recomputation,
+# fused attention, GeLU MLP of 4h, untied embeddings with rotary positions (which make the sizes'
+# names come out: 16B = 32 x 12h^2 + 2Vh), and virtual stages: the fewest that hold at most
+# MEGATRON_MAX_LAYERS_PER_CHUNK layers per model chunk.
+MEGATRON_H100 = [
+    # size, layers, hidden, heads, tp, pp, gpus, global batch, TFLOP/s per GPU
+    ("1.7B", 24, 2048, 16, 1, 1, 48, 192, 408.8),
+    ("7.1B", 30, 4096, 32, 2, 1, 96, 192, 465.9),
+    ("16B", 32, 6144, 48, 4, 1, 192, 192, 489.1),
+    ("32B", 48, 7168, 56, 8, 1, 384, 192, 459.6),
+    ("70B", 84, 8192, 64, 8, 2, 768, 384, 419.7),
+    ("119B", 92, 10240, 80, 8, 4, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    ("314B", 96, 16384, 128, 8, 8, 3072, 1536, 474.4),
+    ("462B", 112, 18432, 144, 8, 16, 6144, 3072, 459.9),
+]
+MEGATRON_VOCAB, MEGATRON_SEQ = 131072, 4096
+MEGATRON_MAX_LAYERS_PER_CHUNK = 8
+
+TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (2024-12)"
+
+# Llama 3.1 8B (configs/models/llama3-8b.yaml) under FSDP2 full sharding on the 96 GB H100 (500 W,
+# HBM2e 2.4 TB/s), sequence 8192, local batch 2, selective activation checkpointing, bf16 with fp32
+# gradient reduction (torchtitan's default, assumed); tokens per second per GPU, eager mode.
+TORCHTITAN_8B = [
+    # gpus, global batch, tokens/s per GPU, memory GiB
+    (8, 16, 5762, 82.4),
+    (128, 256, 5605, 67.0),
+]
+
+NEOX = "Black et al. 2022, GPT-NeoX-20B (arXiv:2204.06745) section 3; EleutherAI/gpt-neox configs/20B.yml"
+
+# 12 HGX nodes of 8 A100-SXM4-40GB, 4 HDR NICs each (200 Gb/s assumed); TP 2, PP 4, DP 12, ZeRO 1,
+# micro batch 4, global batch 1536, sequence 2048, full recomputation, fp16; 117 TFLOP/s per GPU.
+# The source does not say whether recomputation is counted: counted (Megatron's formula of the
+# time, Narayanan et al. 2021 eq. 3), a step is 47.8 s, which is the figure compared; not counted, 35.9 s.
+NEOX_20B = {"tflops_per_gpu": 117, "step_s_recompute_counted": 47.8, "step_s_not_counted": 35.9}

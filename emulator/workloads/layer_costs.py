@@ -177,8 +177,8 @@ def _cp_exchange(shape: LayerShape, forward: bool) -> list[Op]:
         return []
     ring = shape.context_algo == "ring"
     ops = [_comm("attention.cp_kv.all_gather" + ("" if forward else ".backward"), "all_gather", size, "cp", ring)]
-    if not forward and ring:
-        ops.append(_comm("attention.cp_dkv.reduce_scatter", "reduce_scatter", size, "cp", True))
+    if not forward:
+        ops.append(_comm("attention.cp_dkv.reduce_scatter", "reduce_scatter", size, "cp", ring))
     return ops
 
 
@@ -252,14 +252,12 @@ def _core_attention_backward(shape: LayerShape) -> list[Op]:
         flops = CAUSAL_FRACTION * FLASH_BACKWARD_FLOP_RATIO * _attention_flops(shape)
         # reads Q, K, V, O, dO and the statistics; writes dQ, dK, dV
         moved = e * (4 * q + 4 * kv) + 4 * n
-        return [*_cp_exchange(shape, forward=False), Op("attention.flash.backward", "attention", flops=flops,
-                                                          bytes_moved=float(moved))]
+        kernel = Op("attention.flash.backward", "attention", flops=flops, bytes_moved=float(moved))
+        return _around_cp_exchange(shape, [kernel])
     s, d = shape.seq_length, shape.head_dim
     sq = s // shape.context_parallel
     batch = shape.micro_batch_size * shape.num_attention_heads // shape.tensor_parallel
-    return [
-        _mem("attention.context_permute.backward", 2 * e * n * h // shape.tensor_parallel),
-        *_cp_exchange(shape, forward=False),
+    kernels = [
         _gemm("attention.context.dgrad_probs", sq, s, d, e, batch, kind="attention"),
         _gemm("attention.context.dgrad_value", s, d, sq, e, batch, kind="attention"),
         _mem("attention.dropout.backward", (2 * e + MASK_BYTES) * n_att),  # read dy and mask, write dx
@@ -267,6 +265,18 @@ def _core_attention_backward(shape: LayerShape) -> list[Op]:
         _gemm("attention.scores.dgrad_query", sq, d, s, e, batch, kind="attention"),
         _gemm("attention.scores.dgrad_key", s, d, sq, e, batch, kind="attention"),
     ]
+    permute = _mem("attention.context_permute.backward", 2 * e * n * h // shape.tensor_parallel)
+    return [permute, *_around_cp_exchange(shape, kernels)]
+
+
+def _around_cp_exchange(shape: LayerShape, kernels: list[Op]) -> list[Op]:
+    """The attention backward's kernels with context parallelism's K/V collectives: for the ring,
+    both launched before the kernels and run beside them; for ``all_gather``, the K/V gathered
+    before and their gradients reduce-scattered after, each waited for."""
+    exchange = _cp_exchange(shape, forward=False)
+    if not exchange or shape.context_algo == "ring":
+        return [*exchange, *kernels]
+    return [exchange[0], *kernels, *exchange[1:]]
 
 
 def _linear_backward(name: str, n: int, n_out: int, n_in: int, e: int, comm: list[Op], regather: list[Op]) -> list[Op]:

@@ -1,4 +1,4 @@
-"""The emulator against published measurements (Korthikanti et al. 2022; nccl-tests)."""
+"""The emulator against published measurements (Korthikanti et al. 2022; nccl-tests; the 2024 recipes)."""
 
 from pathlib import Path
 
@@ -12,11 +12,21 @@ from emulator.studies.validate import (
     iteration_s,
     layer_times_ms,
     published_activation_bytes,
+    recipe_rows,
     run_case,
     run_validation,
     table5_config,
+    torchtitan_config,
 )
-from emulator.studies.validation_cases import ACTIVATION_CASES, ACTIVATION_PER_LAYER, TABLE4_22B_MS, TABLE5
+from emulator.studies.validation_cases import (
+    ACTIVATION_CASES,
+    ACTIVATION_PER_LAYER,
+    MEGATRON_H100,
+    NEOX_20B,
+    TABLE4_22B_MS,
+    TABLE5,
+    TORCHTITAN_8B,
+)
 
 REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "published.yaml"
 
@@ -125,3 +135,39 @@ def test_zero_model_states_match_figure_1():
     assert [r["published"] for r in rows] == [120.0, 31.4, 16.6, 1.88]
     for row in rows:
         assert abs(row["error_pct"]) < 0.5, row
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="reference/published.yaml is not beside the checkout")
+def test_recipe_figures_are_the_reference_ones():
+    """The H100, torchtitan and GPT-NeoX figures copied into validation_cases.py equal the reference's."""
+    reference = yaml.safe_load(REFERENCE.read_text())
+    rows = reference["megatron_lm_readme_h100"]["rows"]
+    assert [(r["size"], r["layers"], r["hidden"], r["heads"], r["tp"], r["pp"], r["gpus"], r["global_batch"],
+             r["tflops_per_gpu"]) for r in rows] == [tuple(row) for row in MEGATRON_H100]  # fmt: skip
+    titan = reference["torchtitan_llama31_8b_fsdp"]["rows"]
+    assert [(r["gpus"], r["global_batch"], r["tokens_per_s_per_gpu"], r["memory_gib"]) for r in titan] == TORCHTITAN_8B
+    assert reference["gpt_neox_20b"]["measured"]["tflops_per_gpu"] == NEOX_20B["tflops_per_gpu"]
+
+
+def test_megatron_h100_rows_it_was_calibrated_on():
+    """Two rows of the table the H100's sustained fraction was fitted to, within 5% (the whole table:
+    `emulator validate --only H100`, MAPE 8.0%)."""
+    rows = recipe_rows("Megatron 1.7B") + recipe_rows("Megatron 16B")
+    assert [r["case"].split(",")[0] for r in rows] == ["Megatron 1.7B H100", "Megatron 16B H100"]
+    assert "v 1, no recompute, flash" in rows[0]["case"]  # the assumptions are named in the row
+    for r in rows:
+        assert abs(r["error_pct"]) < 5, r
+
+
+def test_gpt_neox_20b_step_is_a_prediction_within_15_percent():
+    (row,) = recipe_rows("NeoX")
+    assert row["unit"] == "s" and row["published"] == NEOX_20B["step_s_recompute_counted"]
+    assert abs(row["error_pct"]) < 15
+
+
+def test_torchtitan_config_fits_the_96gb_gpu_it_ran_on():
+    from emulator.workloads.memory import stage_memory
+
+    for gpus, global_batch, *_ in TORCHTITAN_8B:
+        memory = stage_memory(torchtitan_config(gpus, global_batch), 0)
+        assert memory.capacity_bytes == 96 * 2**30 and memory.peak_bytes < memory.capacity_bytes
