@@ -57,10 +57,15 @@ class EngineSettings:
             scale_up_tiers=frozenset(group.scale_up.name for group in config.cluster.groups()),
             builtin_workload=model_run and config.program is None,
             tensor=parallel.tensor if model_run else 1,
-            data=parallel.data * parallel.context if model_run and parallel.data else parallel.data if model_run else 1,
+            data=_stage_replicas(parallel) if model_run else 1,
             pipeline=max(1, parallel.pipeline) if model_run else 1,
             jobs=tuple((tuple(job.ranks), _ranks_per_stage(job.run, len(job.ranks))) for job in config.jobs or ()),
         )
+
+
+def _stage_replicas(parallel):
+    """data x context: with tensor, the ranks of a pipeline stage (None while data is not derived)."""
+    return parallel.data * parallel.context if parallel.data is not None else None
 
 
 def _ranks_per_stage(run, ranks: int) -> int:

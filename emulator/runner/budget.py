@@ -129,14 +129,15 @@ def _training_ops_and_events(config, fold: int) -> tuple[int, int]:
     extra += len(segs.logits_forward) + len(segs.logits_backward)
     grad_bytes = layers * p.virtual_stages * lc.layer_params_per_rank(layer_shape(config)) * 4
     buckets = math.ceil(grad_bytes / (p.bucket_size_mb * MiB)) + 2  # + embedding all-reduce, all-gather
-    if p.zero_stage >= 3:
-        buckets += 2 * layers * p.virtual_stages * micro  # weight gathers before forward and backward
+    if p.zero_stage >= 3:  # weight gathers before forward and backward, a reduce-scatter after backward
+        buckets += 3 * layers * p.virtual_stages * micro
     ops_per_iteration = micro * p.virtual_stages * per_chunk + extra + buckets + 16  # + optimizer step
     ops = ops_per_iteration * t.iterations
     events = ops * EVENTS_PER_OP * (config.cluster.world_size // fold)
-    if p.data > 1 and config.cluster.total_nodes > 1:
+    replicas = p.data * p.context  # gradients are reduced over data x context
+    if replicas > 1 and config.cluster.total_nodes > 1:
         # the data-parallel group spans nodes (ranks are tensor-major, data last): ring steps
-        steps = 2 * (p.data - 1) * buckets * t.iterations
+        steps = 2 * (replicas - 1) * buckets * t.iterations
         events += steps * EVENTS_PER_MESSAGE_STEP * (config.cluster.world_size // fold)
     return ops, events
 

@@ -220,3 +220,19 @@ def test_planned_example_runs_and_beats_the_shipped_split():
     shipped = run(shipped_config, trace_ranks="none").summary["iteration_time_s"]
     even = run(load_config(HETERO, {"parallel.pipeline_layers": None}), trace_ranks="none").summary
     assert planned < shipped < even["iteration_time_s"]
+
+
+def test_plan_searches_context_and_keeps_the_recipe_knobs():
+    """Context sizes that split the sequence are candidates; the run's TP overlap (where sequence
+    parallel), attention kernel, gradient dtype and hybrid sharding (under ZeRO-3) are kept."""
+    base = load_config(RUN_22B.parent / "llama31-70b-cp-64gpu.yaml",
+                       {"training.grad_reduce_dtype": "bf16", "training.global_batch_size": 16})  # fmt: skip
+    candidates, _, truncated = enumerate_candidates(base, limit=3000)
+    assert candidates
+    contexts = {c.knobs["parallel.context"] for c in candidates}
+    assert {1, 2, 4} <= contexts
+    for c in candidates:
+        p, t = c.config.parallel, c.config.training
+        assert t.attention == "flash" and t.grad_reduce_dtype == "bf16"
+        assert p.tp_comm_overlap == (p.sequence_parallel and p.tensor > 1)
+        assert p.tensor * p.context * p.pipeline * p.data == 64
