@@ -32,6 +32,7 @@ SHIPPED = {
     "examples/ping-pong.yaml": (0, "c43206c990114e789c6956d44810c0f4"),
     "runs/bloom-560m-straggler.yaml": (0, "7bede3fe563c7ef0ef548286a4612e61"),
     "runs/bloom-560m-zero2.yaml": (0, "d8ec67bd9e2cdde4822fbba3770a0644"),
+    "runs/deepseek-v3-like-256gpu.yaml": (0, "eb9d33857112a586f5599590e5c14b5e"),
     "runs/gpt3-175b-1024gpu.yaml": (0, "fcca0e49fabb57b33390edc058cfdab9"),
     "runs/gpt3-175b-nvidia-128gpu.yaml": (0, "9ebe13ea22179fa8988e812dc020b5d4"),
     "runs/hetero-uneven-pipeline-planned.yaml": (0, "d68b04f5d561eb4fc0e3af4d4715fabb"),
@@ -39,13 +40,14 @@ SHIPPED = {
     "runs/llama3-70b-zero3-64gpu.yaml": (0, "310ebcf35f9cb4b8a46fc568f24989d9"),
     "runs/llama31-70b-cp-64gpu.yaml": (0, "4a81e265b2ee72f87d0d0e5acc552c8d"),
     "runs/llama3-8b-64gpu.yaml": (0, "94f70ec80aea31dce27bcd145815ebf7"),
+    "runs/mixtral-8x7b-ep8-64gpu.yaml": (0, "e16dce57cfb19cc9b2192b56f8394a0f"),
     "runs/megatron-175b-64gpu.yaml": (0, "f22ed71d66a1d7b1c9f75f8c25fe4477"),
     "runs/megatron-1t-3072gpu.yaml": (0, "f671615fdce7f3a0329c5aef0a0d1598"),
     "runs/megatron-22b-8gpu.yaml": (0, "96d492118d276a3bc05bc81fc69c6d93"),
     "runs/two-jobs-shared-nics.yaml": (0, "61bef5bca65d770acfe143cc72fd67e3"),
 }
 SLOW = {"runs/gpt3-175b-1024gpu.yaml", "runs/megatron-1t-3072gpu.yaml",  # 37 s and 150 s here
-        "runs/gpt3-175b-nvidia-128gpu.yaml"}  # 25 s
+        "runs/gpt3-175b-nvidia-128gpu.yaml", "runs/deepseek-v3-like-256gpu.yaml"}  # 20 s, 10 s
 
 
 def test_every_shipped_run_file_is_listed():

@@ -54,6 +54,10 @@ __all__ = [
     "MIN_EFFICIENCY",
 ]
 
+MAX_EXPERTS = 4096  # routed experts per layer (DeepSeek-V3: 256)
+MIN_CAPACITY_FACTOR = 0.01
+MAX_CAPACITY_FACTOR = 1024.0
+MAX_MOE_IMBALANCE = 4.0  # lognormal sigma of the tokens per expert-parallel rank
 MAX_SEQ_LENGTH = 2**24
 MAX_HIDDEN_SIZE = 2**20
 MAX_FFN_HIDDEN_SIZE = 2**22

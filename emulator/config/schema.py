@@ -31,9 +31,28 @@ class ModelConfig:
     add_bias_linear: bool = True  # GPT/BLOOM have biases; Llama has none
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"  # learned adds s*h parameters
     tie_embeddings: bool = True  # input and output embeddings shared (all-reduced between first and last stage)
+    # mixture of experts (emulator/workloads/experts.py): every layer's MLP is num_experts expert
+    # MLPs of moe_ffn_hidden_size (default ffn_hidden_size), each token routed to moe_top_k of them,
+    # plus moe_shared_experts MLPs every token passes; at most moe_capacity_factor times the
+    # average tokens an expert (dropless when unset)
+    num_experts: int | None = None
+    moe_top_k: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_experts: int = 0
+    moe_capacity_factor: float | None = None
 
     def validate(self, path: str) -> None:
         require_range(self, path, "num_layers", 1, lim.MAX_NUM_LAYERS)
+        require_range(self, path, "num_experts", 1, lim.MAX_EXPERTS)
+        require_range(self, path, "moe_top_k", 1, lim.MAX_EXPERTS)
+        require_range(self, path, "moe_ffn_hidden_size", 1, lim.MAX_FFN_HIDDEN_SIZE)
+        require_range(self, path, "moe_shared_experts", 0, lim.MAX_EXPERTS)
+        require_range(self, path, "moe_capacity_factor", lim.MIN_CAPACITY_FACTOR, lim.MAX_CAPACITY_FACTOR)
+        if self.num_experts is not None:
+            require(
+                self.moe_top_k <= self.num_experts,
+                f"{path}.moe_top_k ({self.moe_top_k}) must be at most num_experts ({self.num_experts})",
+            )
         require_range(self, path, "hidden_size", 1, lim.MAX_HIDDEN_SIZE)
         require_range(self, path, "num_attention_heads", 1, lim.MAX_ATTENTION_HEADS)
         require_range(self, path, "vocab_size", 1, lim.MAX_VOCAB_SIZE)
@@ -58,6 +77,15 @@ class ModelConfig:
     def query_groups(self) -> int:
         return self.num_query_groups or self.num_attention_heads
 
+    @property
+    def experts(self) -> int:
+        """Routed experts per MoE layer; 0 for a dense model."""
+        return self.num_experts or 0
+
+    @property
+    def moe_ffn_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_size
+
 
 @dataclass
 class ParallelConfig:
@@ -71,6 +99,11 @@ class ParallelConfig:
     # exchanges K/V around the context group (emulator/workloads/context_parallel.py)
     context: int = 1
     context_algo: Literal["ring", "all_gather"] = "ring"
+    # expert parallelism: a MoE layer's experts split over this many ranks of the data x context
+    # group (tokens dispatched and combined by all-to-all), each expert's MLP over expert_tensor
+    # ranks (default: tensor); emulator/workloads/experts.py
+    expert: int = 1
+    expert_tensor: int | None = None
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B when > 1)
     sequence_parallel: bool = False
     zero_stage: int = 0  # 0 (plain data parallel), 1, 2 or 3
@@ -90,7 +123,7 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
 
     def validate(self, path: str) -> None:
-        for key in ("tensor", "pipeline", "data", "context", "zero_shard_group"):
+        for key in ("tensor", "pipeline", "data", "context", "zero_shard_group", "expert", "expert_tensor"):
             require_range(self, path, key, 1, lim.MAX_WORLD_SIZE)
         require_range(self, path, "virtual_stages", 1, lim.MAX_VIRTUAL_STAGES)
         require(self.zero_stage in (0, 1, 2, 3), f"{path}.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
@@ -124,9 +157,15 @@ class TrainingConfig:
     # whole s x s square computed); "flash": a fused causal kernel (FlashAttention, cuDNN) that keeps
     # no s x s tensor and skips the masked half (emulator/workloads/layer_costs.py)
     attention: Literal["unfused", "flash"] = "unfused"
+    # how unevenly a MoE router spreads tokens: each expert-parallel rank's share of the tokens is
+    # a seeded lognormal(0, moe_imbalance) draw, normalised to a mean of 1 (0: perfectly even)
+    moe_imbalance: float = 0.0
+    seed: int = 0  # the seed of every draw of the training workload (the routing imbalance)
 
     def validate(self, path: str) -> None:
         require_range(self, path, "micro_batch_size", 1, lim.MAX_MICRO_BATCH_SIZE)
+        require_range(self, path, "moe_imbalance", 0, lim.MAX_MOE_IMBALANCE)
+        require_range(self, path, "seed", 0, lim.MAX_FAULT_SEED)
         require_range(self, path, "global_batch_size", 1, lim.MAX_GLOBAL_BATCH_SIZE)
         require_range(self, path, "seq_length", 1, lim.MAX_SEQ_LENGTH)
         require_range(self, path, "iterations", 1, lim.MAX_ITERATIONS)
@@ -347,6 +386,34 @@ def check_context(p: ParallelConfig, m: ModelConfig, t: TrainingConfig) -> None:
     )
 
 
+def check_experts(p: ParallelConfig, m: ModelConfig) -> None:
+    """Expert parallelism needs experts to split, and its groups must tile a pipeline stage."""
+    if p.expert_tensor is None:
+        p.expert_tensor = p.tensor
+    if not m.experts:
+        require(p.expert == 1, f"parallel.expert ({p.expert}) needs a model with experts (model.num_experts)")
+        return
+    require(
+        m.experts % p.expert == 0,
+        f"parallel.expert ({p.expert}) must divide model.num_experts ({m.experts})",
+    )
+    require(
+        p.tensor % p.expert_tensor == 0,
+        f"parallel.expert_tensor ({p.expert_tensor}) must divide parallel.tensor ({p.tensor})",
+    )
+    stage = p.tensor * p.context * p.data
+    require(
+        stage % (p.expert * p.expert_tensor) == 0,
+        f"parallel: expert({p.expert}) * expert_tensor({p.expert_tensor}) must divide tensor({p.tensor}) * "
+        f"context({p.context}) * data({p.data}) = {stage}",
+    )
+    require(
+        m.moe_ffn_size % p.expert_tensor == 0,
+        f"model.moe_ffn_hidden_size ({m.moe_ffn_size}) must be divisible by parallel.expert_tensor ({p.expert_tensor})",
+    )
+    require(p.zero_stage < 3, "zero_stage 3 with experts is not modelled (FSDP of expert weights); use 0-2")
+
+
 def check_data_parallel_knobs(p: ParallelConfig) -> None:
     """The knobs of data parallelism that need a ZeRO stage or a tensor group to mean anything."""
     if p.zero_shard_group is not None:
@@ -522,6 +589,7 @@ class RunConfig:
         m, t = self.model, self.training
         check_context(p, m, t)
         check_data_parallel_knobs(p)
+        check_experts(p, m)
         require(
             m.num_attention_heads % p.tensor == 0,
             f"parallel.tensor ({p.tensor}) must divide model.num_attention_heads ({m.num_attention_heads})",

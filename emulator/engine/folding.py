@@ -32,6 +32,8 @@ def fold_factor(settings, topo) -> int:
         return 1  # only the built-in workload is symmetric by construction
     if breaks_symmetry(settings.faults, settings.scale_up_tiers):
         return 1  # the results must stay exact: a folded group would copy its representative's
+    if settings.experts_break_symmetry:
+        return 1
     tensor = settings.tensor
     if tensor < 2:
         return 1

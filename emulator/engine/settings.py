@@ -34,6 +34,9 @@ class EngineSettings:
     # follow its layout; tensor / data / pipeline are the layout of a model run, 1 without a model
     builtin_workload: bool = False
     tensor: int = 1
+    # a MoE model whose experts split over other than the tensor group: its ranks' groups do not
+    # shift with the tensor index, so folding (folding.py) is off
+    experts_break_symmetry: bool = False
     data: int = 1  # data x context: the ranks of a stage are tensor * data of them
     pipeline: int = 1
     # a run with jobs (emulator/config/jobs.py): per job, its cluster ranks (in job-rank order) and
@@ -57,6 +60,8 @@ class EngineSettings:
             scale_up_tiers=frozenset(group.scale_up.name for group in config.cluster.groups()),
             builtin_workload=model_run and config.program is None,
             tensor=parallel.tensor if model_run else 1,
+            experts_break_symmetry=model_run and config.model.experts > 0
+            and (parallel.expert_tensor or parallel.tensor) != parallel.tensor,
             data=_stage_replicas(parallel) if model_run else 1,
             pipeline=max(1, parallel.pipeline) if model_run else 1,
             jobs=tuple((tuple(job.ranks), _ranks_per_stage(job.run, len(job.ranks))) for job in config.jobs or ()),

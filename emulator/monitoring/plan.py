@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads.data_parallel import optimizer_step_segments
-from emulator.workloads.memory import params_on_rank
+from emulator.workloads.memory import stepped_params
 from emulator.workloads.metrics import model_flops_per_iteration
 from emulator.workloads.pipeline import layers_of_stage, microbatches
 from emulator.workloads.segments import model_segments
@@ -72,7 +72,7 @@ def _rank_compute_ns(config, stage: int, spec, micro: int) -> int:
             forward += _ns(segs.logits_forward)
             backward += _ns(segs.logits_backward)
         total += micro * (forward + backward)
-    return total + _ns(optimizer_step_segments(params_on_rank(config, stage), p.zero_stage, p.data, spec, t.precision))
+    return total + _ns(optimizer_step_segments(stepped_params(config, stage), spec, t.precision))
 
 
 def _ns(segments: list[tuple]) -> int:

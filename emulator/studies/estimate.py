@@ -38,11 +38,18 @@ from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads import data_parallel as dpar
+from emulator.workloads import experts as ex
 from emulator.workloads import layer_costs as lc
 from emulator.workloads import pipeline as pipe
 from emulator.workloads.data_parallel import data_parallel_tail_ns, zero3_pass_ns
 from emulator.workloads.layout import layout_of
-from emulator.workloads.memory import gpu_type_of_rank, params_on_rank, stage_memory
+from emulator.workloads.memory import (
+    expert_params_on_rank,
+    gpu_type_of_rank,
+    params_on_rank,
+    stage_memory,
+    stepped_params,
+)
 from emulator.workloads.metrics import model_flops_per_iteration
 from emulator.workloads.pipeline import pipeline_ns, schedule_walk_ns
 from emulator.workloads.schedules import schedule_for
@@ -84,6 +91,8 @@ def ring_collective_ns(topo: Topology, op: str, size_bytes: int, ranks: tuple[in
     n = len(ranks)
     if n <= 1 or size_bytes <= 0:
         return 0
+    if op == "all_to_all":
+        return all_to_all_ns(topo, size_bytes, ranks)
     nodes = [topo.rank_node[r] for r in ranks]
     first_node = nodes[0]
     su_ports = [topo.su_tx[r] for r in ranks]
@@ -108,6 +117,24 @@ def ring_collective_ns(topo: Topology, op: str, size_bytes: int, ranks: tuple[in
     return int(steps * (latency + step))
 
 
+def all_to_all_ns(topo: Topology, size_bytes: int, ranks: tuple[int, ...]) -> int:
+    """An uncontended all-to-all of ``size_bytes`` per member (its send buffer): each member sends
+    ``size / n`` to every other, at once; bound by the member's scale-up port for its node's peers
+    and by its route's bandwidth for the others, plus a latency per peer."""
+    n = len(ranks)
+    first = ranks[0]
+    node = topo.rank_node[first]
+    local = sum(1 for r in ranks if topo.rank_node[r] == node) - 1
+    remote = [r for r in ranks if topo.rank_node[r] != node]
+    chunk = size_bytes / n
+    su_bw = topo.link_bw[topo.su_tx[first]]
+    ns = local * chunk / su_bw + (local > 0) * topo.su_latency_ns[node]
+    if remote:
+        route = topo.route(first, remote[0])
+        ns = max(ns, len(remote) * chunk / min(route.up_bw, route.down_bw) + route.latency_ns)
+    return int(ns)
+
+
 def p2p_ns(topo: Topology, src: int, dst: int, size_bytes: int) -> int:
     """One uncontended message: ``latency + size / (bandwidth * efficiency)`` on its route."""
     route = topo.route(src, dst)
@@ -126,12 +153,15 @@ class Estimator:
         self._collectives: dict = {}
 
     def segments(self, config, gpu_name: str):
-        shape = layer_shape(config)
+        """A stage's segments; in a MoE model those of the busiest expert-parallel rank, which the
+        others wait for in every combine all-to-all (experts.py)."""
+        load = max(ex.config_loads(config))
+        shape = layer_shape(config, load)
         t = config.training
         key = (shape, t.recompute, t.precision, config.model.vocab_size, gpu_name)  # the shape has every knob
         segs = self._segments.get(key)
         if segs is None:
-            segs = self._segments[key] = model_segments(config, get_gpu(gpu_name))
+            segs = self._segments[key] = model_segments(config, get_gpu(gpu_name), load)
         return segs
 
     def collective_ns(self, op: str, size_bytes: int, ranks: tuple[int, ...]) -> int:
@@ -141,18 +171,24 @@ class Estimator:
             ns = self._collectives[key] = ring_collective_ns(self.topo, op, size_bytes, ranks)
         return ns
 
-    def group_timers(self, layout, first_rank: int):
-        """The tensor and context collectives of the rank's groups: ``(tp_ns, cp_ns)`` timers."""
+    def group_timers(self, config, layout, first_rank: int):
+        """The collectives of the rank's groups: ``(tp_ns, {group name: timer})`` for
+        tensor_parallel.segments_time_ns (context ``cp``, experts ``ep`` and ``etp``)."""
+        p = config.parallel
         tp_group = layout.tensor_group(first_rank)
-        cp_group = layout.context_group(first_rank)
+        groups = {"cp": layout.context_group(first_rank)}
+        if config.model.experts:
+            etp = p.expert_tensor or p.tensor
+            groups["ep"] = layout.expert_group(first_rank, p.expert, etp)
+            groups["etp"] = layout.expert_tensor_group(first_rank, p.expert, etp)
 
         def tp_ns(op: str, size_bytes: int) -> int:
             return self.collective_ns(op, size_bytes, tp_group)
 
-        def cp_ns(op: str, size_bytes: int) -> int:
-            return self.collective_ns(op, size_bytes, cp_group)
+        def timer(ranks):
+            return lambda op, size_bytes: self.collective_ns(op, size_bytes, ranks)
 
-        return tp_ns, cp_ns
+        return tp_ns, {name: timer(ranks) for name, ranks in groups.items()}
 
     def stage_pass_ns(self, config) -> list[tuple[int, int]]:
         """Per pipeline stage: (one layer's forward + backward, the embedding's or logits' forward +
@@ -165,11 +201,11 @@ class Estimator:
         for s in range(p.pipeline):
             first_rank = layout.rank(0, 0, s)
             segs = self.segments(config, gpu_type_of_rank(config.cluster, first_rank))
-            tp_ns, cp_ns = self.group_timers(layout, first_rank)
+            tp_ns, others = self.group_timers(config, layout, first_rank)
             ends = ([segs.embedding_forward, segs.embedding_backward] if s == 0 else []) + (
                 [segs.logits_forward, segs.logits_backward] if s == p.pipeline - 1 else []
             )
-            layer = sum(segments_time_ns(part, tp_ns, cp_ns)[0] for part in (segs.layer_forward, segs.layer_backward))
+            layer = sum(segments_time_ns(part, tp_ns, others)[0] for part in (segs.layer_forward, segs.layer_backward))
             passes.append((layer, sum(segments_time_ns(part, tp_ns)[0] for part in ends)))
         return passes
 
@@ -181,7 +217,9 @@ class Estimator:
         micro = pipe.microbatches(config)
         shape = layer_shape(config)
         layer_params = lc.layer_params_per_rank(shape)
-        grad_bytes = layer_params * dpar.config_grad_bytes(config)
+        grad_bytes = lc.dense_params_per_rank(shape) * dpar.config_grad_bytes(config)  # the experts' apart
+        expert_grad_bytes = ex.expert_params_per_rank(shape) * dpar.config_grad_bytes(config)
+        expert_replicas = dpar.expert_replicas(config) if config.model.experts else 1
         gather_bytes = dpar.zero3_gather_bytes(layer_params, t.precision)
         bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
         reduce_op = dpar.gradient_collective(p.zero_stage)
@@ -205,11 +243,11 @@ class Estimator:
             gpu_name = gpu_type_of_rank(config.cluster, first_rank)
             segs = self.segments(config, gpu_name)
             # each stage's own tensor group: on a heterogeneous cluster its node's scale-up links
-            tp_ns, cp_ns = self.group_timers(layout, first_rank)
+            tp_ns, others = self.group_timers(config, layout, first_rank)
             dp_group = layout.gradient_group(first_rank)
             layers = pipe.layers_of_stage(config, s)
-            fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns, cp_ns)
-            bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns, cp_ns)
+            fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns, others)
+            bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns, others)
             gather = layer_reduce = 0
             if zero3:
                 shard_group = layout.shard_group(first_rank, shard)
@@ -241,7 +279,7 @@ class Estimator:
                              (segs.logits_backward, last, chunks - 1, backward_ns))  # fmt: skip
             for part, on_stage, chunk, direction in ends_of_model:
                 if s == on_stage:
-                    ns, c = segments_time_ns(part, tp_ns, cp_ns)
+                    ns, c = segments_time_ns(part, tp_ns, others)
                     extra, extra_c = extra + ns, extra_c + c
                     direction[s][chunk] += ns
             per_micro = (stage_fwd + stage_bwd) * chunks + extra
@@ -263,12 +301,22 @@ class Estimator:
                     launched, rest = dpar.gradient_buckets(layers, grad_bytes, bucket_bytes)
                     sizes = [*launched.values(), *([rest] if rest else [])] * chunks
                     tail += sum(bucket_ns(size) for size in sizes)
+            if expert_grad_bytes and expert_replicas > 1:
+                # each layer's experts reduced over their replicas after its last backward, queued
+                # behind the buckets: what the last microbatch's backward does not hide
+                etp = p.expert_tensor or p.tensor
+                edp = layout.expert_data_group(first_rank, p.expert, etp)
+                expert_ns = layers * chunks * self.collective_ns(reduce_op, expert_grad_bytes, edp)
+                tail += max(0, expert_ns - stage_bwd * chunks) if p.overlap_grad_reduce else expert_ns
             if tied_bytes and s in (0, stages - 1):
                 tail += self.collective_ns("all_reduce", tied_bytes, layout.embedding_group(first_rank))
             stage_params = params_on_rank(config, s)
-            optimizer = dpar.optimizer_step_segments(stage_params, p.zero_stage, shard, get_gpu(gpu_name), t.precision)
+            optimizer = dpar.optimizer_step_segments(stepped_params(config, s), get_gpu(gpu_name), t.precision)
             tail += sum(seg[2] for seg in optimizer if seg[0] == "c")
-            weight_gather = dpar.weight_gather_bytes(stage_params, t.precision)
+            expert_params = expert_params_on_rank(config, s)
+            weight_gather = dpar.weight_gather_bytes(stage_params - expert_params, t.precision)
+            if dpar.gathers_after_step(p.zero_stage) and expert_params and expert_replicas > 1:
+                tail += self.collective_ns("all_gather", dpar.weight_gather_bytes(expert_params, t.precision), edp)
             if dpar.gathers_after_step(p.zero_stage) and replicas > 1:
                 gather_all = self.collective_ns("all_gather", weight_gather, dp_group)
                 if overlapped_gather:

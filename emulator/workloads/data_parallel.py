@@ -71,6 +71,12 @@ def replicas(config) -> int:
     return config.parallel.data * config.parallel.context
 
 
+def expert_replicas(config) -> int:
+    """Ranks holding the same expert weights: a stage's ``t * c * d`` over ``expert * expert_tensor``."""
+    p = config.parallel
+    return p.tensor * p.context * p.data // (p.expert * (p.expert_tensor or p.tensor))
+
+
 def shard_size(config) -> int:
     """Ranks one copy of the model states is partitioned over: ``zero_shard_group`` under ZeRO-3
     (hybrid sharding), else the whole gradient group."""
@@ -100,9 +106,10 @@ def optimizer_params(params: int, zero_stage: int, data: int) -> int:
     return params // (data if zero_stage >= 1 else 1)
 
 
-def optimizer_step_segments(params: int, zero_stage: int, data: int, spec, precision: str) -> list[tuple]:
-    """The fused optimizer step (segments.py) of a rank holding ``params`` parameters."""
-    return to_segments(lc.optimizer_step_ops(optimizer_params(params, zero_stage, data), precision), spec, precision)
+def optimizer_step_segments(stepped_params: int, spec, precision: str) -> list[tuple]:
+    """The fused optimizer step (segments.py) over ``stepped_params`` parameters (the rank's shard
+    under ZeRO >= 1: memory.stepped_params)."""
+    return to_segments(lc.optimizer_step_ops(stepped_params, precision), spec, precision)
 
 
 def gathers_every_layer(zero_stage: int) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from emulator.errors import ConfigError
+from emulator.workloads import experts as ex
 from emulator.workloads import tensor_parallel as tp
 from emulator.workloads.context_parallel import kv_gather_bytes
 from emulator.workloads.tensor_parallel import is_overlapped
@@ -61,6 +62,14 @@ class LayerShape:
     context_algo: str = "ring"
     flash_attention: bool = False  # a fused causal attention kernel (training.attention: flash)
     tp_comm_overlap: bool = False  # TP all-gathers / reduce-scatters pipelined with their GEMMs
+    # mixture of experts (experts.py): 0 experts is a dense MLP
+    num_experts: int = 0
+    moe_top_k: int = 2
+    moe_ffn_hidden_size: int = 0
+    moe_shared_experts: int = 0
+    expert_parallel: int = 1
+    expert_tensor: int = 1
+    expert_load: float = 1.0  # this rank's share of the routed tokens (mean 1)
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
@@ -208,7 +217,6 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     """The forward pass of one layer on one TP rank, in execution order."""
     n, n_rep, h, f, _, e = _dims(shape)
     t = shape.tensor_parallel
-    act_in = 2 * f if shape.gated_mlp else f  # fc1 output width on this rank
     ops = [_mem("ln1", 2 * e * n_rep * h)]
     ops += _tp_comm(shape, "ln1.all_gather", "all_gather") if shape.sequence_parallel else []
     ops.append(_gemm("qkv", n, shape.qkv_width, h, e))
@@ -218,14 +226,106 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     ops += _tp_comm(shape, "attention.out_proj.tp_reduce", "reduce_scatter")
     ops.append(_mem("attention.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
     ops.append(_mem("ln2", 2 * e * n_rep * h))
-    ops += _tp_comm(shape, "ln2.all_gather", "all_gather") if shape.sequence_parallel else []
-    ops.append(_gemm("mlp.fc1", n, act_in, h, e))
-    # Bias-GeLU reads and writes f; SwiGLU reads the gate and up halves and writes one.
-    ops.append(_mem("mlp.activation", e * n * (act_in + f)))
-    ops.append(_gemm("mlp.fc2", n, h, f, e))
-    ops += _tp_comm(shape, "mlp.fc2.tp_reduce", "reduce_scatter")
+    if shape.num_experts:
+        ops += _moe_forward(shape)
+    else:
+        ops += _dense_mlp_forward(shape, "mlp", f)
     ops.append(_mem("mlp.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
     return _overlap_tp(ops) if shape.tp_comm_overlap else ops
+
+
+def _dense_mlp_forward(shape: LayerShape, name: str, f: int) -> list[Op]:
+    """A tensor-parallel MLP of hidden size ``f`` per rank: [all-gather of its input], fc1, the
+    activation, fc2, and the reduction of its output."""
+    n, _, h, _, _, e = _dims(shape)
+    act_in = 2 * f if shape.gated_mlp else f  # fc1 output width on this rank
+    ops = _tp_comm(shape, "ln2.all_gather", "all_gather") if shape.sequence_parallel else []
+    ops.append(_gemm(f"{name}.fc1", n, act_in, h, e))
+    # Bias-GeLU reads and writes f; SwiGLU reads the gate and up halves and writes one.
+    ops.append(_mem(f"{name}.activation", e * n * (act_in + f)))
+    ops.append(_gemm(f"{name}.fc2", n, h, f, e))
+    ops += _tp_comm(shape, f"{name}.fc2.tp_reduce", "reduce_scatter")
+    return ops
+
+
+def _dense_mlp_backward(shape: LayerShape, name: str, f: int) -> list[Op]:
+    n, _, h, _, _, e = _dims(shape)
+    sp = shape.sequence_parallel
+    act_in = 2 * f if shape.gated_mlp else f
+    # Backward of the forward reduce-scatter (SP) is an all-gather; of the all-reduce, identity.
+    ops = _tp_comm(shape, f"{name}.fc2.tp_gather.backward", "all_gather") if sp else []
+    ops += _linear_backward(f"{name}.fc2", n, h, f, e, [], [])
+    # Activation backward reads dy and the saved input, writes dx; plus the fc1 bias gradient.
+    ops.append(_mem(f"{name}.activation.backward", e * n * (f + 2 * act_in + (act_in if shape.bias else 0))))
+    fc1_comm = _tp_comm(shape, f"{name}.fc1.tp_reduce.backward", "reduce_scatter")
+    fc1_regather = _tp_comm(shape, "ln2.all_gather.recompute", "all_gather") if sp else []
+    ops += _linear_backward(f"{name}.fc1", n, act_in, h, e, fc1_comm, fc1_regather)
+    return ops
+
+
+def _expert_gemm(name: str, tokens: float, n_out: int, n_in: int, shape: LayerShape, passes: int = 1) -> Op:
+    """A grouped GEMM over a rank's experts: ``tokens`` rows in all, each expert's weights read once."""
+    e = shape.bytes_per_element
+    local = shape.num_experts // shape.expert_parallel
+    flops = 2.0 * tokens * n_out * n_in * passes
+    moved = e * passes * (tokens * n_in + local * n_in * n_out + tokens * n_out)
+    return Op(name, "matmul", flops=flops, bytes_moved=float(moved))
+
+
+def _moe_comm(shape: LayerShape, name: str, dispatch: bool, backward: bool) -> list[Op]:
+    """The all-to-all over the expert group, and the expert-tensor gather / scatter around the
+    experts, in the order of the pass (experts.py)."""
+    size = ex.dispatch_bytes(shape)
+    a2a = [_comm(f"moe.{name}.all_to_all" + (".backward" if backward else ""), "all_to_all", size, "ep")]
+    a2a = a2a if shape.expert_parallel > 1 else []
+    gathers = dispatch != backward  # forward dispatch and backward combine gather over etp
+    collective = "all_gather" if gathers else "reduce_scatter"
+    etp = [_comm(f"moe.{name}.etp_{collective}" + (".backward" if backward else ""), collective,
+                 size * shape.expert_tensor, "etp")] if shape.expert_tensor > 1 else []  # fmt: skip
+    return a2a + etp if gathers else etp + a2a
+
+
+def _moe_forward(shape: LayerShape) -> list[Op]:
+    """Router, dispatch, the rank's experts, combine; then the shared experts (experts.py)."""
+    _, _, h, _, _, e = _dims(shape)
+    n_in, k, experts = ex.tokens_in(shape), shape.moe_top_k, shape.num_experts
+    tokens, fc1 = ex.expert_tokens(shape), ex.expert_fc1_width(shape)
+    f = shape.moe_ffn_hidden_size // shape.expert_tensor
+    ops = [_gemm("moe.router", n_in, experts, h, e),
+           _mem("moe.router.topk", 4 * 2 * n_in * experts),  # fp32 scores: softmax and top-k read and write
+           _mem("moe.permute", 2 * e * n_in * k * h)]  # fmt: skip
+    ops += _moe_comm(shape, "dispatch", dispatch=True, backward=False)
+    ops.append(_expert_gemm("moe.experts.fc1", tokens, fc1, h, shape))
+    ops.append(_mem("moe.experts.activation", e * tokens * (fc1 + f)))
+    ops.append(_expert_gemm("moe.experts.fc2", tokens, h, f, shape))
+    ops += _moe_comm(shape, "combine", dispatch=False, backward=False)
+    ops.append(_mem("moe.unpermute", 3 * e * n_in * k * h))  # read the copies, weight and sum them
+    if shape.moe_shared_experts:
+        ops += _dense_mlp_forward(shape, "moe.shared", _shared_f(shape))
+    return ops
+
+
+def _moe_backward(shape: LayerShape) -> list[Op]:
+    _, _, h, _, _, e = _dims(shape)
+    n_in, k, experts = ex.tokens_in(shape), shape.moe_top_k, shape.num_experts
+    tokens, fc1 = ex.expert_tokens(shape), ex.expert_fc1_width(shape)
+    f = shape.moe_ffn_hidden_size // shape.expert_tensor
+    ops = _dense_mlp_backward(shape, "moe.shared", _shared_f(shape)) if shape.moe_shared_experts else []
+    ops.append(_mem("moe.unpermute.backward", 3 * e * n_in * k * h))
+    ops += _moe_comm(shape, "combine", dispatch=False, backward=True)
+    ops.append(_expert_gemm("moe.experts.fc2.backward", tokens, h, f, shape, passes=2))  # dgrad and wgrad
+    ops.append(_mem("moe.experts.activation.backward", e * tokens * (f + 2 * fc1)))
+    ops.append(_expert_gemm("moe.experts.fc1.backward", tokens, fc1, h, shape, passes=2))
+    ops += _moe_comm(shape, "dispatch", dispatch=True, backward=True)
+    ops.append(_mem("moe.permute.backward", 2 * e * n_in * k * h))
+    ops.append(_gemm("moe.router.dgrad", n_in, h, experts, e))
+    ops.append(_gemm("moe.router.wgrad", experts, h, n_in, e))
+    return ops
+
+
+def _shared_f(shape: LayerShape) -> int:
+    """The shared experts as one tensor-parallel MLP: their hidden sizes together, over ``t``."""
+    return shape.moe_shared_experts * shape.moe_ffn_hidden_size // shape.tensor_parallel
 
 
 def _overlap_tp(ops: list[Op]) -> list[Op]:
@@ -307,18 +407,10 @@ def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
     n, n_rep, h, f, _, e = _dims(shape)
     t = shape.tensor_parallel
     sp = shape.sequence_parallel
-    act_in = 2 * f if shape.gated_mlp else f
     ops = [replace(op, name=f"recompute.{op.name}") for op in forward_ops(shape)] if recompute == "full" else []
     # Bias-dropout-add backward: read dy and mask, write dx, then the bias-gradient reduction reads dx.
     ops.append(_mem("mlp.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
-    # Backward of the forward reduce-scatter (SP) is an all-gather; of the all-reduce, identity.
-    ops += _tp_comm(shape, "mlp.fc2.tp_gather.backward", "all_gather") if sp else []
-    ops += _linear_backward("mlp.fc2", n, h, f, e, [], [])
-    # Activation backward reads dy and the saved input, writes dx; plus the fc1 bias gradient.
-    ops.append(_mem("mlp.activation.backward", e * n * (f + 2 * act_in + (act_in if shape.bias else 0))))
-    fc1_comm = _tp_comm(shape, "mlp.fc1.tp_reduce.backward", "reduce_scatter")
-    fc1_regather = _tp_comm(shape, "ln2.all_gather.recompute", "all_gather") if sp else []
-    ops += _linear_backward("mlp.fc1", n, act_in, h, e, fc1_comm, fc1_regather)
+    ops += _moe_backward(shape) if shape.num_experts else _dense_mlp_backward(shape, "mlp", f)
     ops += _norm_backward("ln2", n_rep, h, e)
     ops.append(_mem("attention.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
     ops += _tp_comm(shape, "attention.out_proj.tp_gather.backward", "all_gather") if sp else []
@@ -412,27 +504,50 @@ def optimizer_step_ops(params_on_rank: int, precision: str = "bf16") -> list[Op]
     return [_mem("optimizer.grad_norm", 4 * params_on_rank), _mem("optimizer.adam", adam_bytes * params_on_rank)]
 
 
+def _mlp_params(h: int, f: int, gated: bool, bias: bool) -> tuple[int, int]:
+    """(weights, biases) of an MLP of hidden size ``f``."""
+    fc1 = 2 * f if gated else f
+    return h * fc1 + f * h, (fc1 + h) if bias else 0
+
+
 def layer_params(shape: LayerShape) -> int:
-    """Parameters of one whole layer (all TP ranks together): 12h^2 + 13h for GPT."""
-    h, f = shape.hidden_size, shape.ffn_hidden_size
+    """Parameters of one whole layer (all TP ranks together): 12h^2 + 13h for GPT; a MoE layer's
+    MLP is its router, all its experts and its shared experts."""
+    h = shape.hidden_size
     # Unsplit QKV width: (a query + 2 kv) heads; per-rank replicas of K/V heads are not counted.
     qkv = (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    fc1 = 2 * f if shape.gated_mlp else f
-    weights = h * qkv + h * h + h * fc1 + f * h
-    biases = (qkv + h + fc1 + h) if shape.bias else 0
+    weights, biases = h * qkv + h * h, (qkv + h) if shape.bias else 0
+    if shape.num_experts:
+        experts = _mlp_params(h, shape.moe_ffn_hidden_size, shape.gated_mlp, False)[0] * shape.num_experts
+        shared = _mlp_params(h, shape.moe_ffn_hidden_size * shape.moe_shared_experts, shape.gated_mlp, False)[0]
+        weights += h * shape.num_experts + experts + shared
+    else:
+        mlp_w, mlp_b = _mlp_params(h, shape.ffn_hidden_size, shape.gated_mlp, shape.bias)
+        weights, biases = weights + mlp_w, biases + mlp_b
     norms = 2 * (2 * h if shape.bias else h)
     return weights + biases + norms
 
 
 def layer_params_per_rank(shape: LayerShape) -> int:
-    """Parameters of one layer held by one TP rank: split matrices and biases, replicated norms."""
+    """Parameters of one layer held by one TP rank: split matrices and biases, replicated norms; for
+    a MoE layer the router (replicated), the shared experts (split over ``t``) and this rank's
+    experts (experts.py; their own data-parallel group: :func:`dense_params_per_rank` is the rest)."""
+    return dense_params_per_rank(shape) + ex.expert_params_per_rank(shape)
+
+
+def dense_params_per_rank(shape: LayerShape) -> int:
+    """A layer's parameters on one rank that every data-parallel replica holds (all but the experts)."""
     h, t = shape.hidden_size, shape.tensor_parallel
-    f = shape.ffn_hidden_size // t
     qkv = shape.qkv_width
-    fc1 = 2 * f if shape.gated_mlp else f
-    weights = h * qkv + (h // t) * h + h * fc1 + f * h
+    weights = h * qkv + (h // t) * h
     # Row-parallel biases (out-proj, fc2) are replicated; column-parallel ones are split.
-    biases = (qkv + h + fc1 + h) if shape.bias else 0
+    biases = (qkv + h) if shape.bias else 0
+    if shape.num_experts:
+        shared = shape.moe_ffn_hidden_size * shape.moe_shared_experts // t
+        weights += h * shape.num_experts + _mlp_params(h, shared, shape.gated_mlp, False)[0]
+    else:
+        mlp_w, mlp_b = _mlp_params(h, shape.ffn_hidden_size // t, shape.gated_mlp, shape.bias)
+        weights, biases = weights + mlp_w, biases + mlp_b
     norms = 2 * (2 * h if shape.bias else h)
     return weights + biases + norms
 

@@ -83,6 +83,34 @@ class ParallelLayout:
         group = self.gradient_group(rank)
         return group[group.index(rank) % shard :: shard]
 
+    def expert_coords(self, rank: int, expert: int, expert_tensor: int) -> tuple[int, int, int]:
+        """(expert-tensor, expert-parallel, expert-data) index of a rank: Megatron-Core lays the
+        experts over each stage's ``t * c * d`` ranks expert-tensor fastest, then expert, then the
+        expert weights' data-parallel replicas."""
+        local = rank % self.stage_size
+        return local % expert_tensor, (local // expert_tensor) % expert, local // (expert_tensor * expert)
+
+    def _expert_rank(self, stage: int, etp: int, ep: int, edp: int, expert: int, expert_tensor: int) -> int:
+        return stage * self.stage_size + etp + expert_tensor * (ep + expert * edp)
+
+    def expert_group(self, rank: int, expert: int, expert_tensor: int) -> tuple[int, ...]:
+        """The ranks a MoE layer's tokens are dispatched among (all-to-all): one per expert shard."""
+        etp, _, edp = self.expert_coords(rank, expert, expert_tensor)
+        stage = self.stage_of(rank)
+        return tuple(self._expert_rank(stage, etp, k, edp, expert, expert_tensor) for k in range(expert))
+
+    def expert_tensor_group(self, rank: int, expert: int, expert_tensor: int) -> tuple[int, ...]:
+        _, ep, edp = self.expert_coords(rank, expert, expert_tensor)
+        stage = self.stage_of(rank)
+        return tuple(self._expert_rank(stage, k, ep, edp, expert, expert_tensor) for k in range(expert_tensor))
+
+    def expert_data_group(self, rank: int, expert: int, expert_tensor: int) -> tuple[int, ...]:
+        """The ranks holding the same expert weights: their gradients are reduced among them."""
+        etp, ep, _ = self.expert_coords(rank, expert, expert_tensor)
+        stage = self.stage_of(rank)
+        replicas = self.stage_size // (expert * expert_tensor)
+        return tuple(self._expert_rank(stage, etp, ep, k, expert, expert_tensor) for k in range(replicas))
+
     def pipeline_group(self, rank: int) -> tuple[int, ...]:
         c = self.coords(rank)
         return tuple(self.rank(c.tp, c.dp, p, c.cp) for p in range(self.pipeline))

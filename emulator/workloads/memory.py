@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from emulator.hardware.gpus import get_gpu
 from emulator.workloads import data_parallel as dpar
+from emulator.workloads import experts as ex
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
 from emulator.workloads.pipeline import in_flight, layers_of_stage
@@ -34,6 +35,24 @@ def params_on_rank(config, stage: int) -> int:
     if stage == p.pipeline - 1 and (p.pipeline > 1 or not m.tie_embeddings):
         count += vocab  # the output layer (a copy of the tied embedding on the last stage)
     return count
+
+
+def expert_params_on_rank(config, stage: int) -> int:
+    """The routed experts' parameters among :func:`params_on_rank` (experts.py; 0 for a dense model)."""
+    p = config.parallel
+    return layers_of_stage(config, stage) * p.virtual_stages * ex.expert_params_per_rank(layer_shape(config))
+
+
+def stepped_params(config, stage: int) -> int:
+    """Parameters whose optimizer step one rank of ``stage`` runs: its shards from ZeRO 1 on (the
+    dense ones over the data x context group, the experts over theirs), else all it holds."""
+    p = config.parallel
+    experts = expert_params_on_rank(config, stage)
+    dense = params_on_rank(config, stage) - experts
+    if p.zero_stage < 1:
+        return dense + experts
+    return dpar.optimizer_params(dense, p.zero_stage, dpar.shard_size(config)) + dpar.optimizer_params(
+        experts, p.zero_stage, dpar.expert_replicas(config))
 
 
 def logits_bytes(config) -> int:
@@ -66,9 +85,15 @@ class StageMemory:
 
 def static_bytes(config, stage: int) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes on one rank of ``stage`` (data_parallel.py)."""
-    p = config.parallel
-    return dpar.model_state_bytes(params_on_rank(config, stage), config.training.precision, p.zero_stage,
-                                  dpar.shard_size(config), dpar.config_grad_bytes(config))  # fmt: skip
+    p, precision, grad_bytes = config.parallel, config.training.precision, dpar.config_grad_bytes(config)
+    experts = expert_params_on_rank(config, stage)
+    dense = dpar.model_state_bytes(params_on_rank(config, stage) - experts, precision, p.zero_stage,
+                                   dpar.shard_size(config), grad_bytes)  # fmt: skip
+    if not experts:
+        return dense
+    # the experts' states are partitioned over their own data-parallel group (experts.py)
+    expert = dpar.model_state_bytes(experts, precision, p.zero_stage, dpar.expert_replicas(config), grad_bytes)
+    return dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2]
 
 
 def zero3_buffer_bytes(config) -> int:

@@ -40,7 +40,7 @@ def workload_summary(config, result, topo) -> dict:
     # pipeline's; bubble: every other moment of the iteration the compute stream is idle (waiting on
     # a pipeline neighbour, or done early and waiting for the slowest stage to end the iteration)
     bubble = exposed = 0
-    by_dimension = {"tensor": 0, "data": 0, "pipeline": 0}
+    by_dimension = {"tensor": 0, "data": 0, "pipeline": 0, "context": 0, "expert": 0}
     for r in result.ranks:
         waits = r.wait_ns.get("compute", {})
         rank_exposed = sum(ns for stream, ns in waits.items() if not stream.startswith(PIPELINE_PREFIX))

@@ -21,7 +21,9 @@ from emulator.workloads.tensor_parallel import is_overlapped, sequence_parallel
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-def layer_shape(config) -> lc.LayerShape:
+def layer_shape(config, expert_load: float = 1.0) -> lc.LayerShape:
+    """The layer of a run's model on one rank; ``expert_load``: the rank's share of the routed
+    tokens in a MoE model (experts.py)."""
     m, p, t = config.model, config.parallel, config.training
     return lc.LayerShape(
         hidden_size=m.hidden_size,
@@ -39,6 +41,13 @@ def layer_shape(config) -> lc.LayerShape:
         context_algo=p.context_algo,
         flash_attention=t.attention == "flash",
         tp_comm_overlap=p.tp_comm_overlap,
+        num_experts=m.experts,
+        moe_top_k=m.moe_top_k,
+        moe_ffn_hidden_size=m.moe_ffn_size if m.experts else 0,
+        moe_shared_experts=m.moe_shared_experts,
+        expert_parallel=p.expert,
+        expert_tensor=(p.expert_tensor or p.tensor) if m.experts else 1,
+        expert_load=expert_load if m.experts else 1.0,
     )
 
 
@@ -89,8 +98,8 @@ class ModelSegments:
     logits_backward: list[tuple]
 
 
-def model_segments(config, spec) -> ModelSegments:
-    shape = layer_shape(config)
+def model_segments(config, spec, expert_load: float = 1.0) -> ModelSegments:
+    shape = layer_shape(config, expert_load)
     precision = config.training.precision
     emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)
 
@@ -112,7 +121,7 @@ def forward_flops_per_microbatch(config) -> float:
 
     The convention of Megatron-LM's ``num_floating_point_operations`` and Korthikanti et al.: the
     attention's whole ``s x s`` square, whatever a causal kernel skips."""
-    shape = replace(layer_shape(config), flash_attention=False, context_parallel=1)
+    shape = replace(layer_shape(config), flash_attention=False, context_parallel=1, expert_load=1.0)
     t = config.parallel.tensor
     layer = sum(op.flops for op in lc.forward_ops(shape)) * t
     emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)

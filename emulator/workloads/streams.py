@@ -19,12 +19,17 @@ def is_bubble_stream(stream: str) -> bool:
 def stream_dimension(stream: str) -> str:
     """The parallelism dimension whose communication runs on ``stream``: the training workloads
     (emulator/workloads/training.py) issue tensor-parallel collectives on ``tp``, data-parallel ones
-    (gradient buckets, weight gathers, tied embeddings) on ``dp`` and pipeline sends and receives on
-    ``pp.*``; any other stream (a user program's) is ``other``."""
+    (gradient buckets, weight gathers, tied embeddings) on ``dp``, context parallelism's K/V on
+    ``cp``, the experts' all-to-alls on ``ep`` and their tensor group's on ``etp``, and pipeline sends
+    and receives on ``pp.*``; any other stream (a user program's) is ``other``."""
     if stream == "tp":
         return "tensor"
     if stream == "dp":
         return "data"
+    if stream == "cp":
+        return "context"
+    if stream in ("ep", "etp"):
+        return "expert"
     if is_bubble_stream(stream):
         return "pipeline"
     return "other"

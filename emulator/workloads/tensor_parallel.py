@@ -89,26 +89,50 @@ def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
         value = sbh * (34 / tp + squares / tp)
     else:
         value = sbh * (10 + 24 / tp + squares / tp)
+    if m.experts and recompute != "full":
+        value += moe_activation_delta(config, sbh)
     scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations
     return int(value * scale)
 
 
-def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", cp_group=None) -> None:
-    """Launch fused compute segments (segments.py) and the tensor- (and context-) parallel
-    collectives between them on ``gpu``: a collective is waited for at once, unless it is
-    overlapped; then it is waited for at the next ``"w"`` segment, after the compute it runs beside
-    (collectives of one group share a stream, so the last one done means all are)."""
+def moe_activation_delta(config, sbh: float) -> float:
+    """A MoE layer's activations less the dense MLP's that Table 2 counts (the ``16*s*b*h/t`` of
+    GeLU's input and fc2's input): per routed token copy its permuted input (2h bytes) and its
+    expert's intermediate activations (2 bytes of fc1's output and of fc2's input per element, over
+    the expert tensor group), for the tokens of the busiest rank (experts.py); plus the shared
+    experts' intermediate activations over ``t``."""
+    from emulator.workloads import experts as ex
+    from emulator.workloads.segments import layer_shape
+
+    m, p = config.model, config.parallel
+    shape = layer_shape(config, max(ex.config_loads(config)))
+    tokens, fc1 = ex.expert_tokens(shape), ex.expert_fc1_width(shape)
+    f = shape.moe_ffn_hidden_size // shape.expert_tensor
+    routed = tokens * 2 * (m.hidden_size + fc1 + f)
+    n = sbh / m.hidden_size  # this rank's tokens
+    shared_f = m.moe_shared_experts * m.moe_ffn_size // p.tensor
+    shared = n * 2 * ((2 * shared_f if m.swiglu else shared_f) + shared_f)
+    return routed + shared - 16 * sbh / p.tensor
+
+
+def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", groups: dict | None = None) -> None:
+    """Launch fused compute segments (segments.py) and the collectives between them on ``gpu``: of
+    the tensor group ``tp_group``, or of the group ``groups`` names for the segment (context
+    ``"cp"``, experts ``"ep"`` and ``"etp"``), on a stream of the group's name. A collective is
+    waited for at once, unless it is overlapped; then it is waited for at the next ``"w"`` segment,
+    after the compute it runs beside (collectives of one group share a stream, so the last one done
+    means all are)."""
     pending = None
     for seg in segments:
         kind = seg[0]
         if kind == "c":
             gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
         elif kind == "m":
-            context = seg[5] == "cp"
-            group = cp_group if context else tp_group
+            name = seg[5]
+            group = tp_group if name == "tp" else (groups or {}).get(name)
             if group is None:
                 continue
-            handle = getattr(gpu, seg[2])(seg[3], group, async_op=True, stream="cp" if context else "tp")
+            handle = getattr(gpu, seg[2])(seg[3], group, async_op=True, stream=name)
             if seg[4]:
                 pending = handle  # overlapped: waited for after the next compute segment
             else:
@@ -118,13 +142,14 @@ def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", cp_g
             pending = None
 
 
-def segments_time_ns(segments: list[tuple], collective_ns, cp_collective_ns=None) -> tuple[int, int]:
+def segments_time_ns(segments: list[tuple], collective_ns, group_ns: dict | None = None) -> tuple[int, int]:
     """(elapsed, compute) ns of one pass over fused segments on the compute stream, in closed form.
 
     What :func:`launch_segments` makes the engine do: a compute segment runs for its duration; a
-    collective (``collective_ns(op, size_bytes)``, or ``cp_collective_ns`` for the context group's)
-    is waited for at once, unless it is marked overlapped, then it runs beside the next compute
-    segment and the ``"w"`` segment waits for it; collectives of one group queue on its stream.
+    collective (``collective_ns(op, size_bytes)`` for the tensor group's, ``group_ns[name]`` for
+    another group's; untimed when absent) is waited for at once, unless it is marked overlapped,
+    then it runs beside the next compute segment and the ``"w"`` segment waits for it; collectives
+    of one group queue on its stream.
     """
     now = compute = 0
     pending_end = None
@@ -134,7 +159,7 @@ def segments_time_ns(segments: list[tuple], collective_ns, cp_collective_ns=None
             now += seg[2]
             compute += seg[2]
         elif kind == "m":
-            timer = cp_collective_ns if seg[5] == "cp" else collective_ns
+            timer = collective_ns if seg[5] == "tp" else (group_ns or {}).get(seg[5])
             duration = timer(seg[2], seg[3]) if timer is not None else 0
             if seg[4]:
                 start = now if pending_end is None else max(now, pending_end)

@@ -24,10 +24,18 @@ waiting on ``tp``/``dp`` is exposed communication.
 from __future__ import annotations
 
 from emulator.workloads import data_parallel as dpar
+from emulator.workloads import experts as ex
 from emulator.workloads import layer_costs as lc
 from emulator.workloads import pipeline as pipe
 from emulator.workloads.layout import layout_of
-from emulator.workloads.memory import logits_bytes, params_on_rank, static_bytes, zero3_buffer_bytes
+from emulator.workloads.memory import (
+    expert_params_on_rank,
+    logits_bytes,
+    params_on_rank,
+    static_bytes,
+    stepped_params,
+    zero3_buffer_bytes,
+)
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
 from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_segments
@@ -42,7 +50,12 @@ def training_program(config):
     shape = layer_shape(config)
     p2p_bytes = pipe.message_bytes(config)
     layer_params = lc.layer_params_per_rank(shape)
-    layer_grad_bytes = layer_params * dpar.config_grad_bytes(config)
+    # the experts' gradients go to their own group; the buckets carry the rest of the layer
+    layer_grad_bytes = lc.dense_params_per_rank(shape) * dpar.config_grad_bytes(config)
+    expert_grad_bytes = ex.expert_params_per_rank(shape) * dpar.config_grad_bytes(config)
+    experts = config.model.experts > 0
+    expert_tensor = p.expert_tensor or p.tensor
+    loads = ex.config_loads(config)  # each expert-parallel index's share of the routed tokens
     layer_weight_bytes = layer_params * dpar.weight_bytes_per_param(t.precision)
     bucket_bytes = dpar.bucket_bytes(p.bucket_size_mb)
     reduce_op = dpar.gradient_collective(p.zero_stage)
@@ -52,17 +65,27 @@ def training_program(config):
     act_layer = activation_bytes_per_layer(config)
     # with full recomputation one layer's activations are rebuilt during its backward
     full_layer = activation_bytes_per_layer(config, "none") if t.recompute == "full" else 0
-    segments_by_gpu: dict[str, object] = {}
+    segments_by_gpu: dict[tuple[str, float], object] = {}
 
     def program(gpu) -> None:
         rank = gpu.rank
         stage = layout.stage_of(rank)
         chunks = p.virtual_stages
-        segs = segments_by_gpu.get(gpu.gpu_type)
+        load = loads[layout.expert_coords(rank, p.expert, expert_tensor)[1]] if experts else 1.0
+        segs = segments_by_gpu.get((gpu.gpu_type, load))
         if segs is None:
-            segs = segments_by_gpu[gpu.gpu_type] = model_segments(config, gpu.spec)
+            segs = segments_by_gpu[(gpu.gpu_type, load)] = model_segments(config, gpu.spec, load)
         tp_group = gpu.new_group(layout.tensor_group(rank)) if p.tensor > 1 else None
-        cp_group = gpu.new_group(layout.context_group(rank)) if p.context > 1 else None
+        groups = {}  # the other groups the layer's collectives run in (tensor_parallel.launch_segments)
+        if p.context > 1:
+            groups["cp"] = gpu.new_group(layout.context_group(rank))
+        if experts and p.expert > 1:
+            groups["ep"] = gpu.new_group(layout.expert_group(rank, p.expert, expert_tensor))
+        if experts and expert_tensor > 1:
+            groups["etp"] = gpu.new_group(layout.expert_tensor_group(rank, p.expert, expert_tensor))
+        edp_group = None
+        if experts and dpar.expert_replicas(config) > 1:
+            edp_group = gpu.new_group(layout.expert_data_group(rank, p.expert, expert_tensor))
         grad_group = gpu.new_group(layout.gradient_group(rank)) if replicas > 1 else None
         shard_group = replica_group = None
         if zero3:
@@ -72,14 +95,16 @@ def training_program(config):
         n_layers = pipe.layers_of_stage(config, stage)
         last_stage = p.pipeline - 1
         stage_params = params_on_rank(config, stage)
-        optimizer_segments = dpar.optimizer_step_segments(stage_params, p.zero_stage, shard, gpu.spec, t.precision)
+        expert_params = expert_params_on_rank(config, stage)
+        optimizer_segments = dpar.optimizer_step_segments(stepped_params(config, stage), gpu.spec, t.precision)
         # the gradient buckets of one chunk's backward: after which layers, and the rest at its end
         buckets_after, buckets_rest = dpar.gradient_buckets(n_layers, layer_grad_bytes, bucket_bytes)
         # ZeRO 1-2 with overlap_param_gather: each chunk's weight gathers, in forward order
         overlapped_gather = dpar.gathers_after_step(p.zero_stage) and grad_group is not None and p.overlap_param_gather
         extra_params = stage_params - n_layers * chunks * layer_params  # the embedding / output layer
+        layer_weight_bytes_dense = lc.dense_params_per_rank(shape) * dpar.weight_bytes_per_param(t.precision)
         gather_buckets = [
-            dpar.param_gather_buckets(n_layers, layer_weight_bytes, bucket_bytes,
+            dpar.param_gather_buckets(n_layers, layer_weight_bytes_dense, bucket_bytes,
                                       extra_params * dpar.weight_bytes_per_param(t.precision) if c == 0 else 0)
             for c in range(chunks)
         ] if overlapped_gather else []  # fmt: skip
@@ -92,7 +117,7 @@ def training_program(config):
             gpu.alloc(zero3_buffer_bytes(config), f"stage{stage}.zero3_unit_buffers")
 
         def run_segments(segments, suffix: str) -> None:
-            launch_segments(gpu, segments, tp_group, suffix, cp_group)
+            launch_segments(gpu, segments, tp_group, suffix, groups)
 
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
@@ -115,7 +140,7 @@ def training_program(config):
 
         activations: dict[tuple[int, int], object] = {}
         pending: list = []  # gradient reductions in flight, waited for before the optimizer step
-        late_buckets: list[int] = []  # without overlap_grad_reduce: reduced after the backward
+        late_buckets: list[tuple] = []  # without overlap_grad_reduce: (bytes, group) reduced after the backward
         gathers: dict[int, list] = {}  # per chunk: the overlapped weight gathers not yet waited for
 
         def forward(mb: int, chunk: int) -> None:
@@ -161,6 +186,8 @@ def training_program(config):
                     reduce_layer()
                 elif reduce_now and layer in buckets_after:
                     reduce_bucket(buckets_after[layer])
+                if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
+                    reduce_bucket(expert_grad_bytes, edp_group)  # the layer's experts, over their replicas
             if first:
                 run_segments(segs.embedding_backward, suffix)
             if reduce_now and buckets_rest:
@@ -170,11 +197,12 @@ def training_program(config):
                 dst, dst_chunk = neighbour(chunk, False)
                 gpu.send(dst, p2p_bytes, tag=1000 + dst_chunk, async_op=True, stream="pp.send.bwd")
 
-        def reduce_bucket(size: int) -> None:
+        def reduce_bucket(size: int, group=None) -> None:
+            group = group or grad_group
             if p.overlap_grad_reduce:
-                pending.append(getattr(gpu, reduce_op)(size, grad_group, async_op=True, stream="dp"))
+                pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             else:
-                late_buckets.append(size)
+                late_buckets.append((size, group))
 
         def reduce_layer() -> None:
             """ZeRO-3: the layer's gradients reduce-scattered in its shard group, the shard then
@@ -193,8 +221,8 @@ def training_program(config):
                     forward(mb, chunk)
                 else:
                     backward(mb, chunk)
-            for size in late_buckets:
-                pending.append(getattr(gpu, reduce_op)(size, grad_group, async_op=True, stream="dp"))
+            for size, group in late_buckets:
+                pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             late_buckets.clear()
             for handle in pending:
                 handle.wait()
@@ -204,7 +232,11 @@ def training_program(config):
                 gpu.all_reduce(tied_bytes, embedding, stream="dp")
             run_segments(optimizer_segments, "")
             if dpar.gathers_after_step(p.zero_stage) and grad_group is not None and not overlapped_gather:
-                gpu.all_gather(dpar.weight_gather_bytes(stage_params, t.precision), grad_group, stream="dp")
+                gpu.all_gather(dpar.weight_gather_bytes(stage_params - expert_params, t.precision), grad_group,
+                               stream="dp")  # fmt: skip
+            if dpar.gathers_after_step(p.zero_stage) and edp_group is not None:
+                # the experts' updated weights, over their replicas, after the step
+                gpu.all_gather(dpar.weight_gather_bytes(expert_params, t.precision), edp_group, stream="dp")
             gpu.mark_iteration()
 
     return program

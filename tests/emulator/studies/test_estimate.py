@@ -111,6 +111,9 @@ def test_estimator_is_fast():
         ("llama31-70b-cp-64gpu.yaml", {"cluster.nodes": 4, "parallel.tensor": 8, "parallel.pipeline": 2,
                                        "parallel.data": 1, "parallel.virtual_stages": 1, "model.num_layers": 8,
                                        "training.global_batch_size": 8}),  # fmt: skip
+        # mixture of experts: EP 8 all-to-alls across nodes, seeded routing imbalance
+        ("mixtral-8x7b-ep8-64gpu.yaml", {"cluster.nodes": 2, "parallel.pipeline": 2, "parallel.data": 8,
+                                         "model.num_layers": 4, "training.global_batch_size": 16}),  # fmt: skip
         # FSDP hybrid sharding across nodes
         ("llama3-70b-zero3-64gpu.yaml", {"cluster.nodes": 4, "parallel.data": 32, "parallel.zero_shard_group": 8,
                                          "model.num_layers": 4, "training.global_batch_size": 64}),  # fmt: skip
