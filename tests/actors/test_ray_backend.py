@@ -62,8 +62,8 @@ def identity_cases() -> dict:
                                   "model.num_layers=2", "training.seq_length=1024", "training.global_batch_size=32"]),
         # mixture of experts: expert parallelism 8 (all-to-all across nodes), seeded imbalance
         "moe": load_run(CONFIGS / "runs/mixtral-8x7b-ep8-64gpu.yaml",
-                        ["cluster.nodes=2", "parallel.pipeline=1", "parallel.data=16", "model.num_layers=2",
-                         "training.global_batch_size=16", "training.seq_length=1024"]),
+                        ["cluster.nodes=4", "parallel.pipeline=1", "parallel.data=32", "model.num_layers=2",
+                         "training.global_batch_size=32", "training.seq_length=1024"]),
     }  # fmt: skip
 
 
