@@ -4,7 +4,8 @@
 
 From the run file's model, cluster and training batch (global batch, sequence length, precision),
 :func:`enumerate_candidates` lists every valid combination of tensor parallelism (inside a node,
-dividing the heads), context parallelism (:data:`CONTEXT_SIZES`, dividing the sequence), pipeline
+dividing the heads), context parallelism (:data:`CONTEXT_SIZES`, dividing the sequence), expert
+parallelism for a MoE model (:data:`EXPERT_SIZES`, dividing the experts), pipeline
 stages (dividing the layers evenly), data parallelism (the rest of the world), virtual stages
 (interleaved 1F1B), micro-batch size, sequence parallelism, recomputation, ZeRO stage and schedule
 - at most :data:`MAX_CANDIDATES`; the run's other knobs (TP overlap, gradient dtype, attention
@@ -49,14 +50,19 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)  # beyond 16 the activations of large model
 MAX_VIRTUAL_STAGES = 8
 # context-parallel sizes searched: Llama 3 405B's 131k-token row uses 16, the 8K recipes 1 or 2
 CONTEXT_SIZES = (1, 2, 4, 8, 16)
+# expert-parallel sizes searched for a MoE model (those dividing its experts): Mixtral runs 8,
+# DeepSeek-V3 64
+EXPERT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # wall seconds the emulations of one plan may take (batches stop starting past it): large runs take
 # minutes per emulation (1024 GPUs: ~8 min here), and a plan is meant to answer within ~15 minutes
 DEFAULT_MAX_WALL_S = 600.0
 # the knobs of a candidate, as ``--set`` key paths, in plan.csv's column order
-KNOBS = ("parallel.tensor", "parallel.context", "parallel.pipeline", "parallel.data", "parallel.virtual_stages",
+KNOBS = ("parallel.tensor", "parallel.context", "parallel.expert", "parallel.pipeline", "parallel.data",
+         "parallel.virtual_stages",
          "parallel.pipeline_layers", "parallel.schedule", "parallel.sequence_parallel", "parallel.zero_stage",
          "training.micro_batch_size", "training.recompute")  # fmt: skip
-SHORT = {"parallel.tensor": "tp", "parallel.context": "cp", "parallel.pipeline": "pp", "parallel.data": "dp",
+SHORT = {"parallel.tensor": "tp", "parallel.context": "cp", "parallel.expert": "ep", "parallel.pipeline": "pp",
+         "parallel.data": "dp",
          "parallel.virtual_stages": "v",
          "parallel.pipeline_layers": "layers",
          "parallel.schedule": "schedule", "parallel.sequence_parallel": "sp", "parallel.zero_stage": "zero",
@@ -195,6 +201,7 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
         if world % (tp * cp * pp) or t.seq_length % (2 * cp):
             continue
         dp = world // (tp * cp * pp)
+        expert_sizes = [e for e in EXPERT_SIZES if m.experts and m.experts % e == 0 and (tp * cp * dp) % (e * tp) == 0]
         chunks = [v for v in _divisors(m.num_layers) if v <= MAX_VIRTUAL_STAGES and (v == 1 or pp > 1)
                   and (m.num_layers % (pp * v) == 0 or (hetero and m.num_layers // v >= pp))]  # fmt: skip
         for v, mbs in itertools.product(chunks, MICRO_BATCH_SIZES):
@@ -202,8 +209,9 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
                 continue
             # each technique's own axis: the schedules a layout can run, sequence parallelism where
             # there is a tensor group, the ZeRO stages where there is a data-parallel one
-            for schedule, sp, recompute, zero in itertools.product(
-                schedule_names(pp, v), sequence_parallel_options(tp), RECOMPUTE_MODES, zero_stages(dp)
+            for schedule, sp, recompute, zero, ep in itertools.product(
+                schedule_names(pp, v), sequence_parallel_options(tp), RECOMPUTE_MODES, zero_stages(dp),
+                expert_sizes or [1],
             ):
                 if tried >= limit:
                     return candidates, tried, True
@@ -212,7 +220,8 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
                 # even when the layers divide; a near-even placeholder to validate the rest otherwise
                 even = m.num_layers % (pp * v) == 0
                 placeholder = None if even else proportional_layers(per_stage, [1] * pp)
-                parallel = dataclasses.replace(base.parallel, tensor=tp, context=cp, pipeline=pp, data=dp,
+                parallel = dataclasses.replace(base.parallel, tensor=tp, context=cp, expert=ep, expert_tensor=None,
+                                               pipeline=pp, data=dp,
                                                virtual_stages=v, tp_comm_overlap=base.parallel.tp_comm_overlap and sp,
                                                schedule=schedule, sequence_parallel=sp, zero_stage=zero,
                                                pipeline_layers=placeholder,
@@ -239,7 +248,7 @@ def enumerate_candidates(base, limit: int = MAX_CANDIDATES, estimator=None) -> t
                     chosen = dataclasses.replace(
                         config, parallel=dataclasses.replace(parallel, pipeline_layers=list(layers) if layers else None)
                     )
-                    values = (tp, cp, pp, dp, v, layers, schedule, sp, zero, mbs, recompute)
+                    values = (tp, cp, ep, pp, dp, v, layers, schedule, sp, zero, mbs, recompute)
                     candidates.append(Candidate(dict(zip(KNOBS, values, strict=True)), chosen))
     return candidates, tried, False
 

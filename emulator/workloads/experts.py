@@ -92,3 +92,23 @@ def expert_params_per_rank(shape) -> int:
     h, f = shape.hidden_size, shape.moe_ffn_hidden_size // shape.expert_tensor
     per_expert = h * expert_fc1_width(shape) + f * h
     return shape.num_experts // shape.expert_parallel * per_expert
+
+
+def moe_activation_delta(config, sbh: float) -> float:
+    """A MoE layer's activations (16-bit bytes per rank and microbatch) less the dense MLP's that
+    Korthikanti's Table 2 counts (``16*s*b*h/t``: GeLU's input and fc2's input): per routed token
+    copy its permuted input (2h bytes) and its expert's intermediate activations (2 bytes of fc1's
+    output and of fc2's input per element, over the expert tensor group), for the tokens of the
+    busiest rank; plus the shared experts' intermediate activations over ``t``. ``sbh``: this
+    rank's tokens (``s/c * b``) times ``h``."""
+    m, p = config.model, config.parallel
+    etp = p.expert_tensor or p.tensor
+    n = sbh / m.hidden_size  # this rank's tokens
+    tokens_in = n / p.tensor if p.sequence_parallel and p.tensor > 1 else n
+    tokens = tokens_in * m.moe_top_k * etp * max(config_loads(config))
+    f = m.moe_ffn_size // etp
+    fc1 = 2 * f if m.swiglu else f
+    routed = tokens * 2 * (m.hidden_size + fc1 + f)
+    shared_f = m.moe_shared_experts * m.moe_ffn_size // p.tensor
+    shared = n * 2 * ((2 * shared_f if m.swiglu else shared_f) + shared_f)
+    return routed + shared - 16 * sbh / p.tensor

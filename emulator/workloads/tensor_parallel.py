@@ -17,6 +17,8 @@ segments.py fuses the compute between them; :func:`launch_segments` launches the
 
 from __future__ import annotations
 
+from emulator.workloads.experts import moe_activation_delta
+
 # Megatron overlaps the input-gradient reduction with the weight-gradient GEMM, and with sequence
 # parallelism the re-gather of a linear's input with its input-gradient GEMM; every other tensor
 # collective is waited for at once. The op names of layer_costs.py that end so are overlapped.
@@ -90,29 +92,9 @@ def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
     else:
         value = sbh * (10 + 24 / tp + squares / tp)
     if m.experts and recompute != "full":
-        value += moe_activation_delta(config, sbh)
+        value += moe_activation_delta(config, sbh)  # experts.py: the MoE MLP instead of the dense one
     scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations
     return int(value * scale)
-
-
-def moe_activation_delta(config, sbh: float) -> float:
-    """A MoE layer's activations less the dense MLP's that Table 2 counts (the ``16*s*b*h/t`` of
-    GeLU's input and fc2's input): per routed token copy its permuted input (2h bytes) and its
-    expert's intermediate activations (2 bytes of fc1's output and of fc2's input per element, over
-    the expert tensor group), for the tokens of the busiest rank (experts.py); plus the shared
-    experts' intermediate activations over ``t``."""
-    from emulator.workloads import experts as ex
-    from emulator.workloads.segments import layer_shape
-
-    m, p = config.model, config.parallel
-    shape = layer_shape(config, max(ex.config_loads(config)))
-    tokens, fc1 = ex.expert_tokens(shape), ex.expert_fc1_width(shape)
-    f = shape.moe_ffn_hidden_size // shape.expert_tensor
-    routed = tokens * 2 * (m.hidden_size + fc1 + f)
-    n = sbh / m.hidden_size  # this rank's tokens
-    shared_f = m.moe_shared_experts * m.moe_ffn_size // p.tensor
-    shared = n * 2 * ((2 * shared_f if m.swiglu else shared_f) + shared_f)
-    return routed + shared - 16 * sbh / p.tensor
 
 
 def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", groups: dict | None = None) -> None:

@@ -144,7 +144,8 @@ def test_unknown_keys_and_values_are_cut_in_messages():
     long_key = "k" * 500
     with pytest.raises(ConfigError) as info:
         load_run(BLOOM, [f"training.{long_key}=1"])
-    assert len(str(info.value)) < 200 and "..." in str(info.value)
+    # the key is cut (the valid keys of the section follow it, a list that grows with the schema)
+    assert long_key not in str(info.value) and "k" * 41 not in str(info.value) and "..." in str(info.value)
     with pytest.raises(ConfigError) as info:
         load_run(BLOOM, ["cluster.nodes=" + "x" * 5000])
     assert len(str(info.value)) < 120

@@ -144,7 +144,11 @@ SHIPPED = sorted((CONFIGS / "examples").glob("*.yaml")) + sorted((CONFIGS / "run
 # the longest runs (minutes for the 1000+ GPU ones) are compared with fewer microbatches
 SHORTER = {"megatron-1t-3072gpu": ["training.global_batch_size=96"],
            "gpt3-175b-1024gpu": ["training.global_batch_size=128"],
-           "llama3-8b-64gpu": ["training.global_batch_size=64"]}
+           "llama3-8b-64gpu": ["training.global_batch_size=64"],
+           "gpt3-175b-nvidia-128gpu": ["training.global_batch_size=32"],
+           "deepseek-v3-like-256gpu": ["training.global_batch_size=64"],
+           "llama3-70b-zero3-64gpu": ["model.num_layers=8"],
+           "llama31-70b-cp-64gpu": ["training.global_batch_size=16"]}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")

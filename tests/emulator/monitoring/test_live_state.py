@@ -53,7 +53,7 @@ class Recorder:
 def _run(shards, pipeline=1):
     config = from_dict(RunConfig, {"program": "inline:p", "cluster": cluster_dict(nodes=4, gpus=4)}, "")
     if pipeline > 1:  # stage attribution needs a model run; the program stands in for the workload
-        config.model = SimpleNamespace()
+        config.model = SimpleNamespace(experts=0)  # a dense model stands in
         config.parallel.pipeline = pipeline
     topo = Topology(config.cluster)
     recorder = Recorder()

@@ -236,3 +236,12 @@ def test_plan_searches_context_and_keeps_the_recipe_knobs():
         assert t.attention == "flash" and t.grad_reduce_dtype == "bf16"
         assert p.tp_comm_overlap == (p.sequence_parallel and p.tensor > 1)
         assert p.tensor * p.context * p.pipeline * p.data == 64
+
+
+def test_plan_searches_expert_parallelism_for_a_moe_model():
+    base = load_config(RUN_22B.parent / "mixtral-8x7b-ep8-64gpu.yaml", {"training.global_batch_size": 64})
+    candidates, _, _ = enumerate_candidates(base, limit=4000)
+    experts = {c.knobs["parallel.expert"] for c in candidates}
+    assert {1, 2, 4, 8} <= experts and all(8 % e == 0 for e in experts)
+    dense = load_config(RUN_22B)
+    assert {c.knobs["parallel.expert"] for c in enumerate_candidates(dense, limit=200)[0]} == {1}
