@@ -40,6 +40,8 @@ def params_on_rank(config, stage: int) -> int:
 def expert_params_on_rank(config, stage: int) -> int:
     """The routed experts' parameters among :func:`params_on_rank` (experts.py; 0 for a dense model)."""
     p = config.parallel
+    if not config.model.experts:
+        return 0  # a dense model (the planner asks for thousands of candidates: no shape to build)
     return layers_of_stage(config, stage) * p.virtual_stages * ex.expert_params_per_rank(layer_shape(config))
 
 
