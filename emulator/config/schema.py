@@ -31,6 +31,9 @@ class ModelConfig:
     add_bias_linear: bool = True  # GPT/BLOOM have biases; Llama has none
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"  # learned adds s*h parameters
     tie_embeddings: bool = True  # input and output embeddings shared (all-reduced between first and last stage)
+    # Megatron's hidden and attention dropout (GPT, BLOOM: masks kept for backward, Korthikanti et al.
+    # 2022 Table 2); Llama, Mixtral and DeepSeek train without (false: no masks, no dropout kernels)
+    dropout: bool = True
     # mixture of experts (emulator/workloads/experts.py): every layer's MLP is num_experts expert
     # MLPs of moe_ffn_hidden_size (default ffn_hidden_size), each token routed to moe_top_k of them,
     # plus moe_shared_experts MLPs every token passes; at most moe_capacity_factor times the
@@ -109,6 +112,11 @@ class ParallelConfig:
     zero_stage: int = 0  # 0 (plain data parallel), 1, 2 or 3
     schedule: Literal["1f1b", "gpipe", "interleaved-1f1b"] = "1f1b"
     pipeline_layers: list[int] | None = None  # uneven partition: layers per pipeline stage
+    # the embedding and the loss each take one layer's slot of the even split, so the first chunk of
+    # stage 0 and the last chunk of the last stage hold one layer fewer (Megatron-Core's
+    # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split; Llama 3 405B)
+    embedding_in_split: bool = False
+    loss_in_split: bool = False
     bucket_size_mb: float = 40.0  # gradient bucket for data-parallel reduction (Megatron default 40M elems ~)
     # ZeRO-3 hybrid sharding (FSDP2's HSDP): weights, gradients and optimizer states sharded over
     # groups of this many data-parallel ranks and replicated across them; default: the whole group
@@ -594,7 +602,20 @@ class RunConfig:
             m.num_attention_heads % p.tensor == 0,
             f"parallel.tensor ({p.tensor}) must divide model.num_attention_heads ({m.num_attention_heads})",
         )
-        if p.pipeline_layers is not None:
+        in_split = p.embedding_in_split + p.loss_in_split
+        if in_split:
+            require(
+                p.pipeline_layers is None,
+                "parallel.embedding_in_split / loss_in_split apply to the even split; with "
+                "parallel.pipeline_layers give the layers per stage instead",
+            )
+            slots = p.pipeline * p.virtual_stages
+            require(
+                (m.num_layers + in_split) % slots == 0,
+                f"model.num_layers ({m.num_layers}) + {in_split} (embedding_in_split, loss_in_split) must be "
+                f"divisible by pipeline({p.pipeline}) * virtual_stages({p.virtual_stages}) = {slots}",
+            )
+        elif p.pipeline_layers is not None:
             require(
                 sum(p.pipeline_layers) * p.virtual_stages == m.num_layers,
                 f"parallel.pipeline_layers sum to {sum(p.pipeline_layers)} (x virtual_stages "

@@ -19,7 +19,7 @@ from emulator.hardware.gpus import get_gpu
 from emulator.workloads.data_parallel import optimizer_step_segments
 from emulator.workloads.memory import stepped_params
 from emulator.workloads.metrics import model_flops_per_iteration
-from emulator.workloads.pipeline import layers_of_stage, microbatches
+from emulator.workloads.pipeline import layers_of_chunk, microbatches
 from emulator.workloads.segments import model_segments
 
 
@@ -61,10 +61,10 @@ def _rank_compute_ns(config, stage: int, spec, micro: int) -> int:
     """Compute one rank of ``stage`` is charged per iteration (training.py's program, summed)."""
     p, t = config.parallel, config.training
     segs = model_segments(config, spec)
-    layers = layers_of_stage(config, stage)
     chunks, last = p.virtual_stages, p.pipeline - 1
     total = 0
     for chunk in range(chunks):
+        layers = layers_of_chunk(config, stage, chunk)
         first, final = stage == 0 and chunk == 0, stage == last and chunk == chunks - 1
         forward = layers * _ns(segs.layer_forward) + first * _ns(segs.embedding_forward)
         backward = layers * _ns(segs.layer_backward) + first * _ns(segs.embedding_backward)

@@ -245,7 +245,8 @@ class Estimator:
             # each stage's own tensor group: on a heterogeneous cluster its node's scale-up links
             tp_ns, others = self.group_timers(config, layout, first_rank)
             dp_group = layout.gradient_group(first_rank)
-            layers = pipe.layers_of_stage(config, s)
+            chunk_layers = [pipe.layers_of_chunk(config, s, c) for c in range(chunks)]
+            layers = max(chunk_layers)
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns, others)
             bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns, others)
             gather = layer_reduce = 0
@@ -263,16 +264,20 @@ class Estimator:
             if gather:
                 fwd_lead, fwd_tp = collective_lead_ns(segs.layer_forward, tp_ns) if shared else (None, 0)
                 bwd_lead, bwd_tp = collective_lead_ns(segs.layer_backward, tp_ns) if shared else (None, 0)
-                stage_fwd = zero3_pass_ns(fwd, gather, layers, fwd_lead, fwd_tp)
-                stage_bwd = zero3_pass_ns(bwd, gather + layer_reduce, layers, bwd_lead, bwd_tp) + layer_reduce
+                chunk_passes = [(zero3_pass_ns(fwd, gather, n, fwd_lead, fwd_tp),
+                                 zero3_pass_ns(bwd, gather + layer_reduce, n, bwd_lead, bwd_tp)
+                                 + (layer_reduce if n else 0)) for n in chunk_layers]  # fmt: skip
             else:
-                stage_fwd, stage_bwd = fwd * layers, bwd * layers
-            stage_c = (fwd_c + bwd_c) * layers * chunks
+                chunk_passes = [(fwd * n, bwd * n) for n in chunk_layers]
+            # chunks may differ by a layer (embedding_in_split, loss_in_split): each timed with its
+            # own layers; the stage's typical chunk (its most layers) stands for it in the tails
+            stage_fwd, stage_bwd = chunk_passes[chunk_layers.index(layers)]
+            stage_c = (fwd_c + bwd_c) * sum(chunk_layers)
             extra = extra_c = 0
             # one microbatch through each chunk, forward and backward: the embedding on the first
             # chunk of stage 0, the logits on the last chunk of the last stage
-            forward_ns.append([stage_fwd] * chunks)
-            backward_ns.append([stage_bwd] * chunks)
+            forward_ns.append([f for f, _ in chunk_passes])
+            backward_ns.append([b for _, b in chunk_passes])
             last = stages - 1
             ends_of_model = ((segs.embedding_forward, 0, 0, forward_ns), (segs.embedding_backward, 0, 0, backward_ns),
                              (segs.logits_forward, last, chunks - 1, forward_ns),
@@ -282,7 +287,7 @@ class Estimator:
                     ns, c = segments_time_ns(part, tp_ns, others)
                     extra, extra_c = extra + ns, extra_c + c
                     direction[s][chunk] += ns
-            per_micro = (stage_fwd + stage_bwd) * chunks + extra
+            per_micro = sum(f + b for f, b in chunk_passes) + extra
             chunk_ns.append(per_micro // chunks)
             forward_chunk_ns.append(stage_fwd)
             backward_chunk_ns.append(stage_bwd)
@@ -306,7 +311,7 @@ class Estimator:
                 # behind the buckets: what the last microbatch's backward does not hide
                 etp = p.expert_tensor or p.tensor
                 edp = layout.expert_data_group(first_rank, p.expert, etp)
-                expert_ns = layers * chunks * self.collective_ns(reduce_op, expert_grad_bytes, edp)
+                expert_ns = sum(chunk_layers) * self.collective_ns(reduce_op, expert_grad_bytes, edp)
                 tail += max(0, expert_ns - stage_bwd * chunks) if p.overlap_grad_reduce else expert_ns
             if tied_bytes and s in (0, stages - 1):
                 tail += self.collective_ns("all_reduce", tied_bytes, layout.embedding_group(first_rank))

@@ -40,8 +40,11 @@ from emulator.studies.validation_cases import (
     ACTIVATION_CASES,
     ACTIVATION_PER_LAYER,
     KORTHIKANTI,
+    LLAMA3,
+    LLAMA3_405B,
+    LLAMA3_CHUNKS,
+    LLAMA3_TOKENS_PER_BATCH,
     MEGATRON_H100,
-    MEGATRON_MAX_LAYERS_PER_CHUNK,
     MEGATRON_README,
     MEGATRON_SEQ,
     MEGATRON_VOCAB,
@@ -77,12 +80,12 @@ def table5_config(row, recompute: str, sequence_parallel: bool) -> RunConfig:
 
 
 def megatron_h100_config(row) -> RunConfig:
-    """A row of the Megatron-LM README's H100 weak-scaling table as a run (validation_cases.py)."""
+    """A row of the Megatron-LM README's H100 weak-scaling table as a run (validation_cases.py):
+    without a pipeline, one micro-batch a replica; with one, micro batch 1 and a layer a chunk."""
     size, layers, hidden, heads, tp, pp, gpus, gbs = row[:8]
     cluster, _ = resolve_reference("cluster", "dgx-h100-ndr", CONFIG_ROOT)
-    per_stage = layers // pp
-    chunks = 1 if pp == 1 else min(v for v in range(1, per_stage + 1)
-                                    if per_stage % v == 0 and per_stage // v <= MEGATRON_MAX_LAYERS_PER_CHUNK)
+    data = gpus // (tp * pp)
+    micro_batch, chunks = (gbs // data, 1) if pp == 1 else (1, layers // pp)
     data = {
         "name": f"megatron-{size}-h100",
         "cluster": dict(cluster, nodes=gpus // 8),
@@ -91,8 +94,26 @@ def megatron_h100_config(row) -> RunConfig:
                   "tie_embeddings": False},
         "parallel": {"tensor": tp, "pipeline": pp, "virtual_stages": chunks, "sequence_parallel": tp > 1,
                      "tp_comm_overlap": tp > 1, "zero_stage": 1},
-        "training": {"micro_batch_size": 1, "global_batch_size": gbs, "seq_length": MEGATRON_SEQ,
+        "training": {"micro_batch_size": micro_batch, "global_batch_size": gbs, "seq_length": MEGATRON_SEQ,
                      "recompute": "none", "attention": "flash"},
+    }  # fmt: skip
+    return from_dict(RunConfig, data, "")
+
+
+def llama3_405b_config(row) -> RunConfig:
+    """A row of Llama 3's Table 4 as a run (validation_cases.py LLAMA3_405B)."""
+    gpus, tp, cp, pp, dp, seq = row[:6]
+    cluster, _ = resolve_reference("cluster", "meta-h100-roce", CONFIG_ROOT)
+    model, _ = resolve_reference("model", "llama3-405b", CONFIG_ROOT)
+    data = {
+        "name": f"llama3-405b-{gpus}gpu-cp{cp}",
+        "cluster": dict(cluster, nodes=gpus // 8),
+        "model": model,
+        "parallel": {"tensor": tp, "context": cp, "context_algo": "all_gather", "pipeline": pp, "data": dp,
+                     "virtual_stages": LLAMA3_CHUNKS, "embedding_in_split": True, "loss_in_split": True,
+                     "sequence_parallel": True, "tp_comm_overlap": True, "zero_stage": 2},
+        "training": {"micro_batch_size": 1, "global_batch_size": LLAMA3_TOKENS_PER_BATCH // seq,
+                     "seq_length": seq, "recompute": "none", "attention": "flash"},
     }  # fmt: skip
     return from_dict(RunConfig, data, "")
 
@@ -287,17 +308,25 @@ def run_validation(only: str | None = None) -> list[dict]:
 
 
 def recipe_rows(only: str | None = None) -> list[dict]:
-    """The 2024-era recipes: the Megatron-LM README's H100 weak scaling, torchtitan's FSDP2 runs,
-    GPT-NeoX-20B. Each row's case names what the source leaves open and the value taken."""
+    """The 2024-era recipes: the Megatron-LM README's H100 weak scaling, Llama 3 405B's Table 4,
+    torchtitan's FSDP2 runs, GPT-NeoX-20B. Each row's case names what the source leaves open and the value taken."""
     rows = []
     for row in MEGATRON_H100:
         config = megatron_h100_config(row)
-        v = config.parallel.virtual_stages
-        case = f"Megatron {row[0]} H100, TFLOP/s per GPU (assumed: mbs 1, v {v}, no recompute, flash)"
+        v, mbs = config.parallel.virtual_stages, config.training.micro_batch_size
+        case = f"Megatron {row[0]} H100, TFLOP/s per GPU (assumed: mbs {mbs}, v {v}, no recompute, flash)"
         if only and only not in case:
             continue
         result = run_case(config)
         rows.append(_row(case, model_tflops_per_gpu(config, result), row[8], "TF/s", MEGATRON_README))
+    for row in LLAMA3_405B:
+        gpus, _, cp, _, _, seq = row[:6]
+        case = (f"Llama 3 405B {gpus} GPUs CP {cp} seq {seq // 1024}K, TFLOP/s per GPU "
+                f"(assumed: mbs 1, flash, fp32 reduce, Megatron's FLOP count)")  # fmt: skip
+        if only and only not in case:
+            continue
+        config = llama3_405b_config(row)
+        rows.append(_row(case, model_tflops_per_gpu(config, run_case(config)), row[6], "TF/s", f"{LLAMA3}"))
     for gpus, global_batch, tokens_per_s, _memory_gib in TORCHTITAN_8B:
         case = f"torchtitan Llama 3.1 8B FSDP {gpus} GPUs, tokens/s per GPU (assumed: fp32 reduce)"
         if only and only not in case:

@@ -80,10 +80,13 @@ MEGATRON_README = (
 # Weak scaling on H100 (DGX H100 assumed: 8 GPUs a node, 8x NDR): per-GPU model TFLOP/s, end to
 # end; vocabulary 131072, sequence 4096, data parallel 48, --overlap-grad-reduce
 # --overlap-param-gather --tp-comm-overlap (hence sequence parallelism and the distributed
-# optimizer). Assumed (not in the source, reported in each row): micro batch 1, no recomputation,
-# fused attention, GeLU MLP of 4h, untied embeddings with rotary positions (which make the sizes'
-# names come out: 16B = 32 x 12h^2 + 2Vh), and virtual stages: the fewest that hold at most
-# MEGATRON_MAX_LAYERS_PER_CHUNK layers per model chunk.
+# optimizer). Assumed (not in the source, reported in each row): no recomputation, fused attention,
+# GeLU MLP of 4h, untied embeddings with rotary positions (which make the sizes' names come out:
+# 16B = 32 x 12h^2 + 2Vh), and the micro-batching a Megatron user picks when memory allows:
+# without a pipeline (PP 1), a replica's 4 sequences as one micro-batch (no gradient accumulation,
+# so the gradient reduce-scatter overlaps the whole backward); with one, micro batch 1 and one layer
+# per model chunk (as NVIDIA's GPT-3 175B and Nemotron-4 340B recipes, 96 layers over PP 8 x 12
+# virtual stages, and Llama 3 405B's 8 chunks of a 16-stage pipeline).
 MEGATRON_H100 = [
     # size, layers, hidden, heads, tp, pp, gpus, global batch, TFLOP/s per GPU
     ("1.7B", 24, 2048, 16, 1, 1, 48, 192, 408.8),
@@ -97,7 +100,24 @@ MEGATRON_H100 = [
     ("462B", 112, 18432, 144, 8, 16, 6144, 3072, 459.9),
 ]
 MEGATRON_VOCAB, MEGATRON_SEQ = 131072, 4096
-MEGATRON_MAX_LAYERS_PER_CHUNK = 8
+
+LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models (arXiv:2407.21783), section 3.3 and Table 4"
+
+# Llama 3 405B (configs/models/llama3-405b.yaml) on Meta's cluster (configs/clusters/meta-h100-roce.yaml):
+# ranks ordered TP, CP, PP, DP; interleaved 1F1B with 8 model chunks a stage, the first and last
+# stage one layer fewer (the embedding and the loss each in a layer's slot); gradients and optimizer
+# states sharded (ZeRO-2 like); no recomputation at 8K; context parallelism by all-gather of K/V;
+# 16M tokens a batch. Assumed (reported in each row): micro batch 1, fused attention, fp32 gradient
+# reduction, TP communication overlap, no recomputation at 128K either, and the FLOPs counted
+# Megatron's way (non-causal attention), as the source does not give its convention.
+LLAMA3_405B = [
+    # gpus, tp, cp, pp, dp, sequence, TFLOP/s per GPU
+    (8192, 8, 1, 16, 64, 8192, 430),
+    (16384, 8, 1, 16, 128, 8192, 400),
+    (16384, 8, 16, 16, 8, 131072, 380),
+]
+LLAMA3_TOKENS_PER_BATCH = 16 * 2**20  # "16M": 2048 sequences of 8K, 128 of 128K
+LLAMA3_CHUNKS = 8
 
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (2024-12)"
 

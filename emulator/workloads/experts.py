@@ -94,9 +94,18 @@ def expert_params_per_rank(shape) -> int:
     return shape.num_experts // shape.expert_parallel * per_expert
 
 
+def dense_mlp_activation_terms(model) -> float:
+    """A dense MLP's intermediates per layer in ``s*b*h`` bytes (16-bit): fc1's output (both halves
+    under SwiGLU) and fc2's input; 16 for GPT's 4h GeLU MLP (Korthikanti et al. 2022, Table 2).
+    Part of tensor_parallel.activation_terms, and what a MoE layer keeps instead."""
+    width = model.ffn_size / model.hidden_size
+    return 2 * width * (2 if model.swiglu else 1) + 2 * width
+
+
 def moe_activation_delta(config, sbh: float) -> float:
     """A MoE layer's activations (16-bit bytes per rank and microbatch) less the dense MLP's that
-    Korthikanti's Table 2 counts (``16*s*b*h/t``: GeLU's input and fc2's input): per routed token
+    the layer's Table 2 terms count (:func:`dense_mlp_activation_terms`: ``16*s*b*h/t`` for
+    a 4h GeLU MLP, fc1's outputs and fc2's input): per routed token
     copy its permuted input (2h bytes) and its expert's intermediate activations (2 bytes of fc1's
     output and of fc2's input per element, over the expert tensor group), for the tokens of the
     busiest rank; plus the shared experts' intermediate activations over ``t``. ``sbh``: this
@@ -111,4 +120,4 @@ def moe_activation_delta(config, sbh: float) -> float:
     routed = tokens * 2 * (m.hidden_size + fc1 + f)
     shared_f = m.moe_shared_experts * m.moe_ffn_size // p.tensor
     shared = n * 2 * ((2 * shared_f if m.swiglu else shared_f) + shared_f)
-    return routed + shared - 16 * sbh / p.tensor
+    return routed + shared - dense_mlp_activation_terms(m) * sbh / p.tensor

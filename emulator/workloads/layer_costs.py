@@ -62,6 +62,7 @@ class LayerShape:
     context_algo: str = "ring"
     flash_attention: bool = False  # a fused causal attention kernel (training.attention: flash)
     tp_comm_overlap: bool = False  # TP all-gathers / reduce-scatters pipelined with their GEMMs
+    dropout: bool = True  # Megatron's hidden and attention dropout (1-byte masks); Llama-style models have none
     # mixture of experts (experts.py): 0 experts is a dense MLP
     num_experts: int = 0
     moe_top_k: int = 2
@@ -121,6 +122,11 @@ class Op:
     size_bytes: int = 0
     group: str = "tp"  # the process group of a comm op: "tp" (tensor) or "cp" (context)
     overlap: bool = False  # a comm op run beside the next compute op, waited for after it
+
+
+def _mask(shape: LayerShape) -> int:
+    """Bytes per element of a dropout mask: none without dropout (the add and residual remain)."""
+    return MASK_BYTES if shape.dropout else 0
 
 
 def _gemm(name: str, m: int, n: int, k: int, e: int, batch: int = 1, kind: str = "matmul") -> Op:
@@ -206,7 +212,7 @@ def _core_attention_forward(shape: LayerShape, prefix: str = "") -> list[Op]:
     return [
         _gemm(f"{prefix}attention.scores", sq, s, d, e, batch, kind="attention"),
         _mem(f"{prefix}attention.softmax", 2 * e * n_att),
-        _mem(f"{prefix}attention.dropout", (2 * e + MASK_BYTES) * n_att),
+        *([_mem(f"{prefix}attention.dropout", (2 * e + MASK_BYTES) * n_att)] if shape.dropout else []),
         _gemm(f"{prefix}attention.context", sq, d, s, e, batch, kind="attention"),
         # [b*np, s, d] -> [s, b, h/t] permute + contiguous copy before the output projection.
         _mem(f"{prefix}attention.context_permute", 2 * e * n * h // shape.tensor_parallel),
@@ -224,13 +230,13 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     ops += _core_attention_forward(shape)
     ops.append(_gemm("attention.out_proj", n, h, h // t, e))
     ops += _tp_comm(shape, "attention.out_proj.tp_reduce", "reduce_scatter")
-    ops.append(_mem("attention.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
+    ops.append(_mem("attention.bias_dropout_add", (3 * e + _mask(shape)) * n_rep * h))
     ops.append(_mem("ln2", 2 * e * n_rep * h))
     if shape.num_experts:
         ops += _moe_forward(shape)
     else:
         ops += _dense_mlp_forward(shape, "mlp", f)
-    ops.append(_mem("mlp.bias_dropout_add", (3 * e + MASK_BYTES) * n_rep * h))
+    ops.append(_mem("mlp.bias_dropout_add", (3 * e + _mask(shape)) * n_rep * h))
     return _overlap_tp(ops) if shape.tp_comm_overlap else ops
 
 
@@ -360,7 +366,8 @@ def _core_attention_backward(shape: LayerShape) -> list[Op]:
     kernels = [
         _gemm("attention.context.dgrad_probs", sq, s, d, e, batch, kind="attention"),
         _gemm("attention.context.dgrad_value", s, d, sq, e, batch, kind="attention"),
-        _mem("attention.dropout.backward", (2 * e + MASK_BYTES) * n_att),  # read dy and mask, write dx
+        # read dy and the mask, write dx
+        *([_mem("attention.dropout.backward", (2 * e + MASK_BYTES) * n_att)] if shape.dropout else []),
         _mem("attention.softmax.backward", 3 * e * n_att),  # read dy and y, write dx
         _gemm("attention.scores.dgrad_query", sq, d, s, e, batch, kind="attention"),
         _gemm("attention.scores.dgrad_key", s, d, sq, e, batch, kind="attention"),
@@ -409,10 +416,10 @@ def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
     sp = shape.sequence_parallel
     ops = [replace(op, name=f"recompute.{op.name}") for op in forward_ops(shape)] if recompute == "full" else []
     # Bias-dropout-add backward: read dy and mask, write dx, then the bias-gradient reduction reads dx.
-    ops.append(_mem("mlp.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
+    ops.append(_mem("mlp.bias_dropout_add.backward", (3 * e + _mask(shape)) * n_rep * h))
     ops += _moe_backward(shape) if shape.num_experts else _dense_mlp_backward(shape, "mlp", f)
     ops += _norm_backward("ln2", n_rep, h, e)
-    ops.append(_mem("attention.bias_dropout_add.backward", (3 * e + MASK_BYTES) * n_rep * h))
+    ops.append(_mem("attention.bias_dropout_add.backward", (3 * e + _mask(shape)) * n_rep * h))
     ops += _tp_comm(shape, "attention.out_proj.tp_gather.backward", "all_gather") if sp else []
     ops += _linear_backward("attention.out_proj", n, h, h // t, e, [], [])
     if recompute == "selective":
@@ -452,8 +459,8 @@ def embedding_and_logits_ops(shape: LayerShape, vocab_size: int) -> EmbeddingAnd
     # ranks, position-embedding add and embedding dropout on this rank's tokens.
     emb_fwd = [_mem("embedding.lookup", 2 * e * n * h)]
     emb_fwd += _tp_comm(shape, "embedding.tp_reduce", "reduce_scatter")
-    emb_fwd.append(_mem("embedding.position_add_dropout", (3 * e + MASK_BYTES) * n_rep * h))
-    emb_bwd = [_mem("embedding.position_add_dropout.backward", (2 * e + MASK_BYTES) * n_rep * h)]
+    emb_fwd.append(_mem("embedding.position_add_dropout", (3 * e + _mask(shape)) * n_rep * h))
+    emb_bwd = [_mem("embedding.position_add_dropout.backward", (2 * e + _mask(shape)) * n_rep * h)]
     emb_bwd += _tp_comm(shape, "embedding.tp_gather.backward", "all_gather") if sp else []
     # Scatter-add of b*s gradient rows into the vocabulary shard's fp32 gradient.
     emb_bwd.append(_mem("embedding.grad_scatter_add", (e + 8) * n * h))

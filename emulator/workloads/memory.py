@@ -17,7 +17,7 @@ from emulator.workloads import data_parallel as dpar
 from emulator.workloads import experts as ex
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
-from emulator.workloads.pipeline import in_flight, layers_of_stage
+from emulator.workloads.pipeline import in_flight, layers_of_stage, layers_on_stage
 from emulator.workloads.segments import layer_shape
 from emulator.workloads.tensor_parallel import activation_bytes_per_layer, vocab_rows
 
@@ -28,7 +28,7 @@ def params_on_rank(config, stage: int) -> int:
     """Parameters one rank of ``stage`` holds (before ZeRO-3 partitioning)."""
     m, p = config.model, config.parallel
     shape = layer_shape(config)
-    count = layers_of_stage(config, stage) * p.virtual_stages * lc.layer_params_per_rank(shape)
+    count = layers_on_stage(config, stage) * lc.layer_params_per_rank(shape)
     vocab = vocab_rows(m.vocab_size, p.tensor) * m.hidden_size
     if stage == 0:
         count += vocab + (config.training.seq_length * m.hidden_size if m.position_embedding == "learned" else 0)
@@ -39,10 +39,9 @@ def params_on_rank(config, stage: int) -> int:
 
 def expert_params_on_rank(config, stage: int) -> int:
     """The routed experts' parameters among :func:`params_on_rank` (experts.py; 0 for a dense model)."""
-    p = config.parallel
     if not config.model.experts:
         return 0  # a dense model (the planner asks for thousands of candidates: no shape to build)
-    return layers_of_stage(config, stage) * p.virtual_stages * ex.expert_params_per_rank(layer_shape(config))
+    return layers_on_stage(config, stage) * ex.expert_params_per_rank(layer_shape(config))
 
 
 def stepped_params(config, stage: int) -> int:
@@ -58,9 +57,10 @@ def stepped_params(config, stage: int) -> int:
 
 
 def logits_bytes(config) -> int:
-    """fp32 logits of one microbatch on the last stage (Megatron keeps them for the loss)."""
-    t = config.training
-    return 4 * t.micro_batch_size * t.seq_length * vocab_rows(config.model.vocab_size, config.parallel.tensor)
+    """fp32 logits of one microbatch on the last stage (Megatron keeps them for the loss), for the
+    rank's own ``s/c`` tokens under context parallelism."""
+    t, p = config.training, config.parallel
+    return 4 * t.micro_batch_size * t.seq_length // p.context * vocab_rows(config.model.vocab_size, p.tensor)
 
 
 @dataclass

@@ -4,7 +4,7 @@
 
 The one description of the technique that the emulated program (training.py), the closed-form
 estimate (emulator/studies/estimate.py), the memory model (memory.py) and the planner (emulator/studies/plan.py)
-share. Stage ``s`` holds ``layers_of_stage(s)`` layers in each of its ``v`` model chunks (virtual
+share. Stage ``s`` holds ``layers_of_chunk(s, c)`` layers in each of its ``v`` model chunks (virtual
 stages, interleaved 1F1B); a microbatch goes forward through chunk 0 of every stage, then chunk 1,
 ..., and its gradients come back the reverse way. The order of a stage's forwards and backwards is
 its schedule (emulator/workloads/schedules.py, a registry); Narayanan et al. 2021 (section 2.2)
@@ -25,20 +25,40 @@ def microbatches(config) -> int:
     return t.global_batch_size // (t.micro_batch_size * config.parallel.data)
 
 
-def layers_of_stage(config, stage: int) -> int:
-    """Layers per model chunk on pipeline stage ``stage`` (``parallel.pipeline_layers`` or even)."""
+def layers_of_chunk(config, stage: int, chunk: int) -> int:
+    """Layers in model chunk ``chunk`` of pipeline stage ``stage``: ``parallel.pipeline_layers[stage]``,
+    or an even split of the layers, where ``embedding_in_split`` / ``loss_in_split`` count the
+    embedding and the loss as one layer's slot each (Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``; Llama 3,
+    arXiv:2407.21783 section 3.3.2: "the first model chunk on the first stage has only the
+    embedding, and the last model chunk on the last stage has only output projection and loss")."""
     p = config.parallel
     if p.pipeline_layers is not None:
         return p.pipeline_layers[stage]
-    return config.model.num_layers // (p.pipeline * p.virtual_stages)
+    slots = (config.model.num_layers + p.embedding_in_split + p.loss_in_split) // (p.pipeline * p.virtual_stages)
+    first = p.embedding_in_split and stage == 0 and chunk == 0
+    last = p.loss_in_split and stage == p.pipeline - 1 and chunk == p.virtual_stages - 1
+    return slots - first - last
+
+
+def layers_of_stage(config, stage: int) -> int:
+    """The most layers any model chunk of pipeline stage ``stage`` holds (what sizes its peak)."""
+    return max(layers_of_chunk(config, stage, c) for c in range(config.parallel.virtual_stages))
+
+
+def layers_on_stage(config, stage: int) -> int:
+    """All the layers pipeline stage ``stage`` holds, over its model chunks."""
+    return sum(layers_of_chunk(config, stage, c) for c in range(config.parallel.virtual_stages))
 
 
 def message_bytes(config) -> int:
     """One activation (forward) or gradient (backward) message between neighbouring stages:
-    ``b*s*h`` elements, split over the tensor group (Megatron's scatter-gather: each tensor rank
-    sends its slice, the receivers all-gather it again inside their node)."""
-    t, m = config.training, config.model
-    return t.micro_batch_size * t.seq_length * m.hidden_size * BYTES_PER_ELEMENT[t.precision] // config.parallel.tensor
+    ``b*(s/c)*h`` elements (a context rank sends its own tokens to its peer of the next stage),
+    split over the tensor group (Megatron's scatter-gather: each tensor rank sends its slice, the
+    receivers all-gather it again inside their node)."""
+    t, m, p = config.training, config.model, config.parallel
+    tokens = t.micro_batch_size * t.seq_length // p.context
+    return tokens * m.hidden_size * BYTES_PER_ELEMENT[t.precision] // p.tensor
 
 
 def send_target(stage: int, chunk: int, forward: bool, stages: int, chunks: int) -> tuple[int, int] | None:

@@ -41,6 +41,7 @@ def layer_shape(config, expert_load: float = 1.0) -> lc.LayerShape:
         context_algo=p.context_algo,
         flash_attention=t.attention == "flash",
         tp_comm_overlap=p.tp_comm_overlap,
+        dropout=m.dropout,
         num_experts=m.experts,
         moe_top_k=m.moe_top_k,
         moe_ffn_hidden_size=m.moe_ffn_size if m.experts else 0,

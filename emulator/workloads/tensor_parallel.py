@@ -17,7 +17,7 @@ segments.py fuses the compute between them; :func:`launch_segments` launches the
 
 from __future__ import annotations
 
-from emulator.workloads.experts import moe_activation_delta
+from emulator.workloads.experts import dense_mlp_activation_terms, moe_activation_delta
 
 # Megatron overlaps the input-gradient reduction with the weight-gradient GEMM, and with sequence
 # parallelism the re-gather of a linear's input with its input-gradient GEMM; every other tensor
@@ -37,20 +37,22 @@ def sequence_parallel_options(tensor: int) -> list[bool]:
 
 def boundary_collective(shape, sp_collective: str) -> tuple[str, int] | None:
     """(collective, buffer bytes) at a tensor-parallel boundary of a layer of ``shape``
-    (layer_costs.LayerShape): an all-reduce of the ``b*s*h`` activation, or ``sp_collective``
-    (reduce-scatter or all-gather of the same buffer) with sequence parallelism; None when t = 1."""
+    (layer_costs.LayerShape): an all-reduce of the ``b*(s/c)*h`` activation of the rank's own
+    tokens (context parallelism keeps ``s/c`` of them), or ``sp_collective`` (reduce-scatter or
+    all-gather of the same buffer) with sequence parallelism; None when t = 1."""
     if shape.tensor_parallel == 1:
         return None
-    size = shape.micro_batch_size * shape.seq_length * shape.hidden_size * shape.bytes_per_element
+    tokens = shape.micro_batch_size * shape.seq_length // shape.context_parallel
+    size = tokens * shape.hidden_size * shape.bytes_per_element
     return (sp_collective if shape.sequence_parallel else "all_reduce", size)
 
 
 def loss_reduce_bytes(shape) -> int | None:
-    """One of the vocabulary-parallel cross-entropy's small all-reduces: an fp32 value per token;
-    None when t = 1 (the vocabulary is on one rank)."""
+    """One of the vocabulary-parallel cross-entropy's small all-reduces: an fp32 value per token of
+    the rank's ``s/c``; None when t = 1 (the vocabulary is on one rank)."""
     if shape.tensor_parallel == 1:
         return None
-    return 4 * shape.micro_batch_size * shape.seq_length
+    return 4 * shape.micro_batch_size * shape.seq_length // shape.context_parallel
 
 
 def vocab_rows(vocab_size: int, tensor: int) -> int:
@@ -64,33 +66,55 @@ def is_overlapped(op_name: str) -> bool:
     return op_name.endswith(OVERLAPPED_SUFFIXES)
 
 
+def activation_terms(model) -> tuple[float, float, float]:
+    """Korthikanti et al. 2022's Table 2 terms for this layer, in ``s*b*h`` bytes (16-bit), as
+    ``(replicated, split, squares)``: what stays whole on every tensor rank without sequence
+    parallelism, what the tensor group splits, and the ``a*s/h`` factor of the ``s x s`` tensors.
+
+    Their GPT layer gives ``(10, 24, 5)``: the two layernorms' inputs (4) and the QKV and fc1 inputs
+    (4) and two 1-byte dropout masks (2) replicated; Q and K (4), V (2), the output projection's
+    input (2) and the 4h GeLU's input and fc2's input (16) split; softmax output, dropout mask and
+    output (5) per score. The same accounting for other layers: K and V shrink by the query groups
+    (GQA), the MLP's intermediates follow its width and gating (SwiGLU keeps fc1's two halves and
+    the gated product), and a model without dropout keeps no masks and only the softmax output.
+    """
+    dropout = 1.0 if model.dropout else 0.0
+    kv = 2 * 2 * model.query_groups / model.num_attention_heads  # K and V
+    replicated = 4 + 4 + 2 * dropout
+    split = 2 + kv + 2 + dense_mlp_activation_terms(model)
+    squares = 5 if model.dropout else 2
+    return replicated, split, squares
+
+
 def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
     """Activations one layer keeps per tensor rank and microbatch: Korthikanti et al. 2022, Table 2
-    (``s*b*h*(...)`` bytes for 16-bit activations), for the config's recomputation or the one given.
+    (``s*b*h*(...)`` bytes for 16-bit activations, terms from :func:`activation_terms`), for the
+    config's recomputation or the one given.
 
-    Without sequence parallelism the ``10*s*b*h`` of the layernorms, dropouts and layer input stay
-    whole on every rank; with it everything divides by ``t``.
+    Without sequence parallelism the replicated part (``10*s*b*h`` for GPT: the layernorms,
+    dropouts and layer input) stays whole on every rank; with it everything divides by ``t``.
     """
     m, p, t = config.model, config.parallel, config.training
     recompute = recompute or t.recompute
     s, b, h, a, tp = t.seq_length, t.micro_batch_size, m.hidden_size, m.num_attention_heads, p.tensor
     sp = sequence_parallel(p)
+    replicated, split, square_terms = activation_terms(m)
     # context parallelism: a rank keeps its s/c tokens; its queries still score the whole sequence,
     # so the attention term keeps the full s in a*s/h
     sbh = s // p.context * b * h
-    # a fused attention kernel keeps no s x s tensor (scores, softmax, dropout mask): the 5*a*s/h
+    # a fused attention kernel keeps no s x s tensor (scores, softmax, dropout mask): the a*s/h
     # term goes, as with selective recomputation
-    squares = 0 if t.attention == "flash" else 5 * a * s / h
+    squares = 0 if t.attention == "flash" else square_terms * a * s / h
     if recompute == "full":
         value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
     elif recompute == "selective":
-        value = sbh * 34 / tp if sp else sbh * (10 + 24 / tp)
+        value = sbh * (replicated + split) / tp if sp else sbh * (replicated + split / tp)
     elif tp == 1:
-        value = sbh * (34 + squares)
+        value = sbh * (replicated + split + squares)
     elif sp:
-        value = sbh * (34 / tp + squares / tp)
+        value = sbh * (replicated / tp + split / tp + squares / tp)
     else:
-        value = sbh * (10 + 24 / tp + squares / tp)
+        value = sbh * (replicated + split / tp + squares / tp)
     if m.experts and recompute != "full":
         value += moe_activation_delta(config, sbh)  # experts.py: the MoE MLP instead of the dense one
     scale = 2 if t.precision == "fp32" else 1  # the table counts 16-bit activations

@@ -92,19 +92,19 @@ def training_program(config):
             shard_group = gpu.new_group(layout.shard_group(rank, shard))
             replica_group = gpu.new_group(layout.replica_group(rank, shard)) if shard < replicas else None
         pp_ranks = layout.pipeline_group(rank)
-        n_layers = pipe.layers_of_stage(config, stage)
+        chunk_layers = [pipe.layers_of_chunk(config, stage, c) for c in range(chunks)]
         last_stage = p.pipeline - 1
         stage_params = params_on_rank(config, stage)
         expert_params = expert_params_on_rank(config, stage)
         optimizer_segments = dpar.optimizer_step_segments(stepped_params(config, stage), gpu.spec, t.precision)
         # the gradient buckets of one chunk's backward: after which layers, and the rest at its end
-        buckets_after, buckets_rest = dpar.gradient_buckets(n_layers, layer_grad_bytes, bucket_bytes)
+        grad_buckets = [dpar.gradient_buckets(n, layer_grad_bytes, bucket_bytes) for n in chunk_layers]
         # ZeRO 1-2 with overlap_param_gather: each chunk's weight gathers, in forward order
         overlapped_gather = dpar.gathers_after_step(p.zero_stage) and grad_group is not None and p.overlap_param_gather
-        extra_params = stage_params - n_layers * chunks * layer_params  # the embedding / output layer
+        extra_params = stage_params - sum(chunk_layers) * layer_params  # the embedding / output layer
         layer_weight_bytes_dense = lc.dense_params_per_rank(shape) * dpar.weight_bytes_per_param(t.precision)
         gather_buckets = [
-            dpar.param_gather_buckets(n_layers, layer_weight_bytes_dense, bucket_bytes,
+            dpar.param_gather_buckets(chunk_layers[c], layer_weight_bytes_dense, bucket_bytes,
                                       extra_params * dpar.weight_bytes_per_param(t.precision) if c == 0 else 0)
             for c in range(chunks)
         ] if overlapped_gather else []  # fmt: skip
@@ -149,7 +149,7 @@ def training_program(config):
             if not first:
                 src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
                 gpu.recv(src, p2p_bytes, tag=chunk, async_op=True, stream=f"pp.recv.fwd{chunk}").wait()
-            size = act_layer * n_layers + (logits_bytes(config) if final else 0)
+            size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final else 0)
             activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
             suffix = f" mb{mb}"
             waiting = gathers.pop(chunk, None)
@@ -157,7 +157,7 @@ def training_program(config):
                 if waiting:
                     waiting.pop(0)[1].wait()
                 run_segments(segs.embedding_forward, suffix)
-            for layer, _ in enumerate(zero3_gathers(n_layers)):
+            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
                 while waiting and waiting[0][0] <= layer:
                     waiting.pop(0)[1].wait()
                 run_segments(segs.layer_forward, suffix)
@@ -175,9 +175,10 @@ def training_program(config):
                 gpu.recv(src, p2p_bytes, tag=1000 + chunk, async_op=True, stream=f"pp.recv.bwd{chunk}").wait()
             suffix = f" mb{mb}"
             reduce_now = mb == micro - 1 and grad_group is not None and not zero3
+            buckets_after, buckets_rest = grad_buckets[chunk]
             if final:
                 run_segments(segs.logits_backward, suffix)
-            for layer, _ in enumerate(zero3_gathers(n_layers)):
+            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
                 rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
                 run_segments(segs.layer_backward, suffix)
                 if rebuilt is not None:

@@ -1,11 +1,16 @@
 """emulator/workloads/pipeline.py: microbatches, messages, in-flight activations, the bubble."""
 
+import re
+
 import pytest
 
 from emulator.config.loader import load_run
 from emulator.workloads.pipeline import (
     bubble_fraction,
     in_flight,
+    layers_of_chunk,
+    layers_of_stage,
+    layers_on_stage,
     message_bytes,
     microbatches,
     pipeline_ns,
@@ -91,3 +96,49 @@ def test_microbatches_messages_and_in_flight():
     assert [in_flight(config, s) for s in range(4)] == [(4, 1), (3, 1), (2, 1), (1, 1)]
     config.parallel.schedule = "gpipe"
     assert [in_flight(config, s) for s in range(4)] == [(8, 8)] * 4
+
+
+SPLIT = ["parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.tensor=2", "cluster.nodes=1",
+         "parallel.data=2", "training.global_batch_size=8", "training.micro_batch_size=1", "model.num_layers=6",
+         "parallel.embedding_in_split=true", "parallel.loss_in_split=true"]  # fmt: skip
+
+
+def test_embedding_and_loss_in_split_take_a_layer_slot_each():
+    """(6 + 2) slots over 2 stages x 2 chunks: 2 each, less one on the first chunk of stage 0 (the
+    embedding) and on the last chunk of the last stage (the loss), as Llama 3's 405B split."""
+    config = load_run(RUN, SPLIT)
+    assert [[layers_of_chunk(config, s, c) for c in range(2)] for s in range(2)] == [[1, 2], [2, 1]]
+    assert [layers_on_stage(config, s) for s in range(2)] == [3, 3]
+    assert [layers_of_stage(config, s) for s in range(2)] == [2, 2]  # the largest chunk sizes the peak
+    only_embedding = load_run(RUN, [*SPLIT[:-1], "parallel.loss_in_split=false", "model.num_layers=7"])
+    assert [[layers_of_chunk(only_embedding, s, c) for c in range(2)] for s in range(2)] == [[1, 2], [2, 2]]
+
+
+def test_split_layers_reach_the_program_memory_and_estimate():
+    """The emulated program runs each chunk's own layers: stage 0's weights are 3 layers' (not 4),
+    and the closed-form estimate follows the emulated iteration."""
+    from emulator.backends.inline import run_inline
+    from emulator.engine.result import iteration_times_ns
+    from emulator.studies.estimate import estimate
+    from emulator.workloads.memory import params_on_rank
+    from netmodel.topology import Topology
+
+    config = load_run(RUN, SPLIT)
+    even = load_run(RUN, [*SPLIT[:-2], "model.num_layers=8"])  # 8 layers: 2 in every chunk
+    assert params_on_rank(even, 0) - params_on_rank(config, 0) == params_on_rank(even, 1) - params_on_rank(config, 1)
+    assert params_on_rank(even, 0) > params_on_rank(config, 0)
+    (iteration_ns,) = iteration_times_ns(run_inline(config, Topology(config.cluster)))
+    (even_ns,) = iteration_times_ns(run_inline(even, Topology(even.cluster)))
+    assert iteration_ns < even_ns  # 6 layers where the even split runs 8
+    assert estimate(config).iteration_time_s == pytest.approx(iteration_ns / 1e9, rel=0.05)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.num_layers=7"], "model.num_layers (7) + 2 (embedding_in_split, loss_in_split) must be divisible"),
+    (["parallel.pipeline_layers=[3,3]"], "apply to the even split"),
+])  # fmt: skip
+def test_split_errors_name_the_keys(overrides, message):
+    from emulator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_run(RUN, [*SPLIT, *overrides])

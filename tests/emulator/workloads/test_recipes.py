@@ -199,4 +199,28 @@ def test_flash_attention_keeps_no_square_and_skips_the_masked_half():
     att = [sum(op.flops for op in lc.forward_ops(layer_shape(c)) if op.kind == "attention") for c in (flash, unfused)]
     assert att[0] == pytest.approx(att[1] * lc.CAUSAL_FRACTION)
     b, s, h, t, c = 1, 8192, 8192, 4, 2
-    assert stage_memory(flash, 1).activation_bytes_per_chunk == 4 * int(s // c * b * h * 34 / t)
+    # Llama 3 70B (GQA 8 of 64 heads, SwiGLU of 3.5h, no dropout), sequence parallel: Korthikanti's
+    # Table 2 terms for this layer, 8 replicated (norms, GEMM inputs) + 2 (Q) + 4 * 8/64 (K, V) + 2
+    # (out_proj input) + 3 * 2 * 3.5 (fc1's two halves, fc2's input), all over t; no s x s term
+    per_sbh = 8 + 2 + 4 * 8 / 64 + 2 + 3 * 2 * 3.5
+    assert stage_memory(flash, 1).activation_bytes_per_chunk == 4 * int(s // c * b * h * per_sbh / t)
+    squares = 2 * 64 * s / h  # without dropout only the softmax output of the s x s scores stays
+    assert stage_memory(unfused, 1).activation_bytes_per_chunk == 4 * int(s // c * b * h * (per_sbh + squares) / t)
+
+
+def test_context_ranks_move_their_own_tokens_only():
+    """Under context parallelism a rank holds b*s/c tokens: its tensor-parallel collectives, its
+    pipeline messages and its fp32 logits are sized by them, not by the whole sequence (a CP 16 run
+    of 128K tokens otherwise all-gathers 4 GB per layer norm)."""
+    from emulator.workloads.memory import logits_bytes
+    from emulator.workloads.pipeline import message_bytes
+
+    config = load_run(CP_RUN)  # TP 4 x CP 2, sequence parallel, 8K tokens, bf16
+    b, s, h, t, c, vocab = 1, 8192, 8192, 4, 2, 128256
+    ops = {op.name: op for op in lc.forward_ops(layer_shape(config))}
+    assert ops["ln1.all_gather"].size_bytes == b * s // c * h * 2
+    assert ops["attention.out_proj.tp_reduce"].size_bytes == b * s // c * h * 2
+    assert message_bytes(config) == b * s // c * h * 2 // t
+    assert logits_bytes(config) == 4 * b * s // c * (vocab // t)
+    whole = load_run(CP_RUN, ["parallel.context=1", "parallel.data=4"])
+    assert {op.name: op for op in lc.forward_ops(layer_shape(whole))}["ln1.all_gather"].size_bytes == b * s * h * 2
