@@ -108,8 +108,9 @@ LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models (arXiv:2407.21783), sectio
 # stage one layer fewer (the embedding and the loss each in a layer's slot); gradients and optimizer
 # states sharded (ZeRO-2 like); no recomputation at 8K; context parallelism by all-gather of K/V;
 # 16M tokens a batch. Assumed (reported in each row): micro batch 1, fused attention, fp32 gradient
-# reduction, TP communication overlap, no recomputation at 128K either, and the FLOPs counted
-# Megatron's way (non-causal attention), as the source does not give its convention.
+# reduction, TP communication overlap, no recomputation at 128K either, and the FLOPs a causal
+# model needs (the attention's unmasked half; Megatron's count of the whole square would add 4% to
+# the 8K rows' FLOPs and 40% to the 128K row's), as the source does not give its convention.
 LLAMA3_405B = [
     # gpus, tp, cp, pp, dp, sequence, TFLOP/s per GPU
     (8192, 8, 1, 16, 64, 8192, 430),

@@ -19,10 +19,12 @@ from emulator.workloads.streams import stream_dimension
 PIPELINE_PREFIX = "pp"
 
 
-def model_flops_per_iteration(config) -> float:
+def model_flops_per_iteration(config, causal: bool = False) -> float:
+    """Model FLOPs of an iteration: three times the forward's (segments.forward_flops_per_microbatch;
+    ``causal``: the attention's unmasked half only), recomputation not counted."""
     t = config.training
     microbatches = t.global_batch_size // t.micro_batch_size
-    return 3 * forward_flops_per_microbatch(config) * microbatches
+    return 3 * forward_flops_per_microbatch(config, causal) * microbatches
 
 
 def workload_summary(config, result, topo) -> dict:

@@ -117,12 +117,13 @@ def model_segments(config, spec, expert_load: float = 1.0) -> ModelSegments:
     )
 
 
-def forward_flops_per_microbatch(config) -> float:
+def forward_flops_per_microbatch(config, causal: bool = False) -> float:
     """Model FLOPs of one microbatch's forward pass through the whole model (all TP and CP ranks).
 
     The convention of Megatron-LM's ``num_floating_point_operations`` and Korthikanti et al.: the
-    attention's whole ``s x s`` square, whatever a causal kernel skips."""
-    shape = replace(layer_shape(config), flash_attention=False, context_parallel=1, expert_load=1.0)
+    attention's whole ``s x s`` square, whatever a causal kernel skips; ``causal``: only its
+    unmasked half (the FLOPs a causal model needs, FlashAttention's and torchtitan's count)."""
+    shape = replace(layer_shape(config), flash_attention=causal, context_parallel=1, expert_load=1.0)
     t = config.parallel.tensor
     layer = sum(op.flops for op in lc.forward_ops(shape)) * t
     emb = lc.embedding_and_logits_ops(shape, config.model.vocab_size)

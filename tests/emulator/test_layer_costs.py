@@ -186,3 +186,20 @@ def test_invalid_shapes_and_modes_are_config_errors():
         LayerShape(6144, 64, 2048, 1, tensor_parallel=6)
     with pytest.raises(ConfigError, match=r"'partial'.*none, selective, full"):
         backward_ops(shape_22b(), "partial")
+
+
+def test_without_dropout_no_masks_and_no_dropout_kernels():
+    """model.dropout: false (Llama-style): the unfused attention loses its dropout kernel (forward
+    and backward) and every bias-dropout-add moves its 3 elements without the 1-byte mask."""
+    from dataclasses import replace
+
+    with_dropout = LayerShape(4096, 32, 2048, 1, tensor_parallel=2, sequence_parallel=True)
+    without = replace(with_dropout, dropout=False)
+    names = [op.name for op in forward_ops(with_dropout)]
+    assert "attention.dropout" in names
+    assert "attention.dropout" not in [op.name for op in forward_ops(without)]
+    assert "attention.dropout.backward" not in [op.name for op in backward_ops(without)]
+    add = {op.name: op.bytes_moved for op in forward_ops(with_dropout)}["mlp.bias_dropout_add"]
+    add_without = {op.name: op.bytes_moved for op in forward_ops(without)}["mlp.bias_dropout_add"]
+    tokens = 2048 // 2  # sequence parallel: this rank's share
+    assert add - add_without == tokens * 4096 * 1  # the mask, one byte an element
