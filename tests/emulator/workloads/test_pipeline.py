@@ -142,3 +142,14 @@ def test_split_errors_name_the_keys(overrides, message):
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_run(RUN, [*SPLIT, *overrides])
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_split_identical_on_any_shard_count(shards):
+    from emulator.backends.inline import run_inline
+    from emulator.engine.result import fingerprint
+    from netmodel.topology import Topology
+
+    config = load_run(RUN, [*SPLIT[:3], "cluster.nodes=2", "parallel.data=4", *SPLIT[5:]])
+    topo = Topology(config.cluster)
+    assert fingerprint(run_inline(config, topo, shards)) == fingerprint(run_inline(config, topo, 1))
