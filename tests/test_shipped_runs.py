@@ -39,7 +39,7 @@ SHIPPED = {
     "runs/deepseek-v3-like-256gpu.yaml": (0, "133b941276e3afe564effc7cfe0f9984"),
     "runs/gpt3-175b-1024gpu.yaml": (0, "fcca0e49fabb57b33390edc058cfdab9"),
     "runs/gpt3-175b-nvidia-128gpu.yaml": (0, "64af77e29aeba2940a27807bd47bd9ec"),
-    "runs/hetero-uneven-pipeline-planned.yaml": (0, "95abf9037830e99a6117a0bdb2dbdab6"),
+    "runs/hetero-uneven-pipeline-planned.yaml": (0, "d89ef51cca79b6d3a940466dd7407473"),
     "runs/hetero-uneven-pipeline.yaml": (0, "5791cd6ae677eb7b54a170667a7cd14c"),
     "runs/llama3-70b-zero3-64gpu.yaml": (0, "4d708b54c8078c36bb4ab174a4164bdd"),
     "runs/llama31-70b-cp-64gpu.yaml": (0, "115dc628fb44a328008cb2f3df790e9d"),
