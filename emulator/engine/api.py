@@ -52,8 +52,8 @@ class Group:
         self.index = {r: i for i, r in enumerate(ranks)}
         self.tier = tier
         self.one_node = one_node  # every member in one node: eligible for the intra-node fast path
-        # (op, size, member index, root index, algo) -> (CollectiveCall, algorithm, signature):
-        # programs repeat the same few calls thousands of times
+        # (op, size, member index, root index, algo) -> (group, CollectiveCall, algorithm, signature,
+        # closed form): programs repeat the same few calls thousands of times (GPU.prepare_collective)
         self.calls: dict[tuple, tuple] = {}
         self.arrivals = len(ranks)  # members that issue calls (fewer under symmetry folding)
         self.cross: tuple[int, ...] = ()  # the other shards its members live in (set by the shard)
@@ -158,12 +158,9 @@ class GPU:
             if duration_ns > MAX_OP_NS:
                 raise ProgramError(f"{self._who}: compute({name!r}) would last {duration_ns / 1e9:.3g} s, longer "
                                    f"than {MAX_OP_NS / 1e9:.3g} s: check its flops and bytes")  # fmt: skip
-        elif not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):
-            raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be between 0 and {MAX_OP_NS:,} "
-                               f"(13 days), got {duration_ns!r}")  # fmt: skip
-        op = Op(COMPUTE, name, int(duration_ns), flops)
-        self._shard.launch(self._gpu, op, stream)
-        return op
+        else:
+            duration_ns = self.compute_ns(name, duration_ns)
+        return self.launch_compute(name, int(duration_ns), flops, stream)
 
     def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
@@ -258,6 +255,14 @@ class GPU:
 
     def _collective(self, op: str, size_bytes: int, group: Group | None, *, root: int | None = None,
                     algo: str | None = None, async_op: bool = False, stream: str = "comm") -> Handle:  # fmt: skip
+        prepared = self.prepare_collective(op, size_bytes, group, root=root, algo=algo)
+        return self._blocking(self.launch_collective(prepared, stream), async_op)
+
+    def prepare_collective(self, op: str, size_bytes: int, group: Group | None, *, root: int | None = None,
+                           algo: str | None = None) -> tuple:  # fmt: skip
+        """Check a collective call of this rank once: ``(group, call, algorithm, signature, closed
+        form)``, what :meth:`launch_collective` launches (the built-in workload prepares its
+        layer's calls once and launches them for every microbatch)."""
         group = group or self.world
         index = group.index.get(self._rank)
         if index is None:
@@ -277,15 +282,35 @@ class GPU:
             call = CollectiveCall(op, size_bytes, group.ranks, index, root_index)
             # the signature every message of this call carries, so members can check they agree
             sig = OP_CODES[op] | ALGO_CODES[name] << 4 | root_index << 8 | size_bytes << 28
-            cached = group.calls[key] = (call, algorithm, sig, self._shard.closed_form(call, algorithm, group))
-        call, algorithm, sig, closed = cached
+            cached = group.calls[key] = (group, call, algorithm, sig, self._shard.closed_form(call, algorithm, group))
+        return cached
+
+    def launch_collective(self, prepared: tuple, stream: str) -> Handle:
+        """Launch a collective :meth:`prepare_collective` checked, on ``stream``; returns its handle."""
+        group, call, algorithm, sig, closed = prepared
         gpu = self._gpu
-        seq = gpu.coll_seq.get(group.gid, 0)
-        gpu.coll_seq[group.gid] = seq + 1
-        op_obj = Op(COLL, None, call, algorithm, (group.gid, seq), sig)
+        gid = group.gid
+        seq = gpu.coll_seq.get(gid, 0)
+        gpu.coll_seq[gid] = seq + 1
+        op_obj = Op(COLL, None, call, algorithm, (gid, seq), sig)
         op_obj.cross = group.cross
         op_obj.dl = closed  # (duration, arrivals) of a closed-form call, or None; launch() makes it a delay
-        return self._blocking(self._launch(op_obj, stream, comm=True), async_op)
+        self._shard.launch(gpu, op_obj, stream, True)
+        return op_obj
+
+    def compute_ns(self, name: str, duration_ns) -> int:
+        """A kernel's explicit duration, checked (a ProgramError unless 0 <= ns <= MAX_OP_NS)."""
+        if not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):
+            raise ProgramError(f"{self._who}: compute({name!r}) duration_ns must be between 0 and {MAX_OP_NS:,} "
+                               f"(13 days), got {duration_ns!r}")  # fmt: skip
+        return int(duration_ns)
+
+    def launch_compute(self, name: str, duration_ns: int, flops: float, stream: str = "compute") -> Handle:
+        """Launch a kernel whose duration :meth:`compute_ns` checked (the built-in workload's
+        prepared layers); ``compute`` is this plus the checks."""
+        op = Op(COMPUTE, name, duration_ns, flops)
+        self._shard.launch(self._gpu, op, stream)
+        return op
 
     def _blocking(self, handle: Handle, async_op: bool) -> Handle:
         if not async_op:

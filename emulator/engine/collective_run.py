@@ -51,8 +51,12 @@ class CollectiveExecution:
     """Collective execution for :class:`~emulator.engine.shard.Shard` (uses its links, heap and stats)."""
 
     def _start_collective(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        plan = self.closed_plans.get(id(op.a))  # a call planned in closed form before: no checks again
+        if plan is not None and plan[0] is op.a and plan[1] is op.b:
+            self._rendezvous(gpu, op, t, plan)
+            return
         if self.in_closed_form(op.a, op.b):
-            self._rendezvous(gpu, op, t)
+            self._rendezvous(gpu, op, t, self._closed_plan(op.a, op.b))
             return
         assert self.fold == 1 or all(is_representative(r, self.fold) for r in op.a.ranks), "folded: no tensor group"
         if self.compiled:
@@ -74,13 +78,10 @@ class CollectiveExecution:
         for it in channels:
             self._step(gpu, Chan(run, it), t)
 
-    def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+    def _rendezvous(self, gpu: VirtualGPU, op: Op, t: int, plan: tuple) -> None:
         """Fast path for a group inside one node (hence one shard): see netmodel/collectives/analytic."""
         call = op.a
-        plan = self.closed_plans.get(id(call))
-        if plan is None or plan[0] is not call or plan[1] is not op.b:
-            plan = self.closed_plans[id(call)] = self._closed_plan(call, op.b)
-        _, _, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy = plan
+        _, _, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy, acc = plan
         if arrivals == 1:  # one member stands for the group (symmetry folding): nothing to wait for
             arrived = ((gpu, op),)
         else:
@@ -103,10 +104,10 @@ class CollectiveExecution:
             return
         start, end = held
         core = self.core
-        stats = self.stats
-        stats.ports(tx, per, msg_bytes, busy, start - t)
-        stats.ports(rx, per, msg_bytes, busy, start - t)
-        stats.messages(0, msg_bytes, call.op, start, messages, end)
+        acc[0] += 1  # the plan's figures, added up by ShardStats.flush
+        if start - t > acc[1]:
+            acc[1] = start - t
+        self.stats.timeline_add(0, msg_bytes, messages, start, end)
         for member, member_op in arrived:
             core.note_collective(member_op, end)  # its end is known now (live figures only)
             self._push(end, EV_OP_DONE, member, member_op)
@@ -114,7 +115,11 @@ class CollectiveExecution:
     def _closed_plan(self, call, algorithm) -> tuple:
         """Everything about a one-node call that does not depend on time (programs repeat calls):
         ``(call, algorithm, arrivals, ports, tx ports, rx ports, duration, messages, bytes per
-        message, messages per port, busy ns per port)``."""
+        message, messages per port, busy ns per port, accumulator)``, kept per call (the
+        accumulator counts its calls for ShardStats.closed_account)."""
+        plan = self.closed_plans.get(id(call))
+        if plan is not None and plan[0] is call and plan[1] is algorithm:
+            return plan
         ranks = call.ranks
         ports = self.group_ports.get(ranks)
         if ports is None:
@@ -136,7 +141,10 @@ class CollectiveExecution:
             per = messages // call.n
         busy = per * int(-(-msg_bytes // bw))
         arrivals = self.groups[ranks].arrivals
-        return call, algorithm, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy
+        acc = self.stats.closed_account(tx, rx, per, msg_bytes, busy, messages, call.op)
+        plan = (call, algorithm, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy, acc)
+        self.closed_plans[id(call)] = plan
+        return plan
 
     def _ports(self, ranks: tuple[int, ...]) -> tuple:
         """(all ports, tx ports, rx ports, slowest bandwidth, latency) of a one-node group."""

@@ -61,7 +61,10 @@ def shift_name(name: str, offset: int, fold: int) -> str:
     representatives shift by ``offset``; the tensor group (shared by all) stays."""
     if offset == 0:
         return name
-    name = _PEER.sub(lambda m: f"{m.group(1)}={int(m.group(2)) + offset}", name)
+    if "=" in name:  # a peer can only be named "dst=" or "src=": most names (kernels) have neither
+        name = _PEER.sub(lambda m: f"{m.group(1)}={int(m.group(2)) + offset}", name)
+    if "group[" not in name:
+        return name
 
     def group(m: re.Match) -> str:
         ranks = [int(r) for r in m.group(1).split(",")]
@@ -73,7 +76,16 @@ def shift_name(name: str, offset: int, fold: int) -> str:
 
 
 def replicate_trace(trace: list, offset: int, fold: int) -> list:
-    return [(stream, shift_name(name, offset, fold), *rest) for stream, name, *rest in trace]
+    """The representative's trace as rank ``rep + offset`` has it. A traced rank repeats few names
+    (each layer's kernels carry the same name in a microbatch): each is shifted once."""
+    shifted: dict[str, str] = {}
+    out = []
+    for stream, name, *rest in trace:
+        new = shifted.get(name)
+        if new is None:
+            new = shifted[name] = shift_name(name, offset, fold)
+        out.append((stream, new, *rest))
+    return out
 
 
 def replicate_links(topo, links: dict, nodes, fold: int) -> dict:

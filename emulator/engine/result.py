@@ -133,30 +133,50 @@ def _merge_counts(dicts: list[dict], nested: bool = True) -> dict:
     return {k: _merge_counts(v, nested=False) for k, v in sorted(out.items())}
 
 
-def _encode(value, out: list[bytes]) -> None:
+def _encode(value, out: list[str]) -> None:
     """Append an unambiguous byte encoding of ``value`` (ints, floats, strings, lists, dicts) to ``out``.
 
     Every value carries a type tag and containers their length, so that no two different structures
     encode alike; ints are written in full (repr), floats as their exact IEEE-754 bits, dicts in key
-    order (the shards' merge order must not matter)."""
-    if isinstance(value, bool) or value is None:
-        out.append(b"b" + repr(value).encode())
-    elif isinstance(value, int):
-        out.append(b"i" + repr(value).encode() + b";")
+    order (the shards' merge order must not matter). The bytes are held as text whose code points
+    are the bytes (Latin-1): the digest takes ``"".join(out).encode("latin-1")``, and building text
+    is several times cheaper in Python than concatenating bytes (the reference run has 3,072 ranks
+    and tens of thousands of links). Plain ints - almost every figure - take the inline branches."""
+    tp = type(value)
+    if tp is int:
+        out.append(f"i{value!r};")
+    elif tp is bool or value is None:
+        out.append(f"b{value!r}")
+    elif isinstance(value, int):  # an int subclass: written by its own repr, as a plain int is
+        out.append(f"i{value!r};")
     elif isinstance(value, float):
-        out.append(b"f" + struct.pack("<d", value))
+        out.append("f" + struct.pack("<d", value).decode("latin-1"))
     elif isinstance(value, str):
-        raw = value.encode()
-        out.append(b"s" + repr(len(raw)).encode() + b":" + raw)
+        raw = value if value.isascii() else value.encode().decode("latin-1")
+        out.append(f"s{len(raw)}:{raw}")
     elif isinstance(value, (list, tuple)):
-        out.append(b"l" + repr(len(value)).encode() + b":")
+        if all(type(item) is int for item in value):  # one fragment for a list of plain ints
+            out.append(f"l{len(value)}:" + "".join([f"i{item!r};" for item in value]))
+            return
+        out.append(f"l{len(value)}:")
         for item in value:
-            _encode(item, out)
+            if type(item) is int:
+                out.append(f"i{item!r};")
+            else:
+                _encode(item, out)
     elif isinstance(value, dict):
-        out.append(b"d" + repr(len(value)).encode() + b":")
-        for key in sorted(value, key=lambda k: (type(k).__name__, k)):
-            _encode(key, out)
-            _encode(value[key], out)
+        out.append(f"d{len(value)}:")
+        if all(type(k) is int for k in value):
+            keys = sorted(value)  # one key type: the (type name, key) order is the keys' own
+        else:
+            keys = sorted(value, key=lambda k: (type(k).__name__, k))
+        for key in keys:
+            item = value[key]
+            if type(key) is int and type(item) is int:
+                out.append(f"i{key!r};i{item!r};")
+            else:
+                _encode(key, out)
+                _encode(item, out)
     else:
         raise TypeError(f"fingerprint: cannot encode {type(value).__name__}")
 
@@ -164,17 +184,17 @@ def _encode(value, out: list[bytes]) -> None:
 def fingerprint(result: RunResult) -> str:
     """Digest of every result figure of ``result`` (see the module docstring)."""
     h = hashlib.sha256()
-    parts: list[bytes] = []
+    parts: list[str] = []
     for r in result.ranks:
         _encode([r.rank, r.node, r.final_time_ns, r.ops, r.compute_ns, r.comm_ns, r.peak_memory_bytes,
                  r.marks_ns, r.wait_ns, float(r.flops)], parts)  # fmt: skip
         if len(parts) > 4096:  # hash as we go: a 3072-rank run need not hold one big buffer
-            h.update(b"".join(parts))
+            h.update("".join(parts).encode("latin-1"))
             parts.clear()
     _encode(result.links, parts)  # link -> (bytes, busy_ns, messages, max_wait_ns)
     _encode([result.world_size, result.tier_bytes, result.tier_messages, result.size_hist, result.kind_hist,
              result.bucket_ns, result.timeline], parts)  # fmt: skip
-    h.update(b"".join(parts))
+    h.update("".join(parts).encode("latin-1"))
     return h.hexdigest()[:32]
 
 

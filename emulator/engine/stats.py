@@ -14,7 +14,8 @@ class ShardStats:
     """Bytes, busy time, message counts and queueing per link; bytes and size histogram per tier."""
 
     __slots__ = ("links", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns", "tier_bytes",
-                 "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "port_acc", "core")  # fmt: skip
+                 "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "closed_accounts",
+                 "core")  # fmt: skip
 
     def __init__(self, topo, bucket_ns: int = 1_000_000, links: LinkModel | None = None):
         self.links = links if links is not None else LinkModel(topo)
@@ -32,34 +33,48 @@ class ShardStats:
         # bytes sent per tier per time bucket of ``bucket_ns`` (utilisation over virtual time)
         self.bucket_ns = bucket_ns
         self.timeline: list[dict[int, int]] = [{} for _ in range(tiers)]
-        self.port_acc: dict[tuple, list[int]] = {}  # fast-path port sets -> pending sums (see ports)
+        # the intra-node closed form's calls, per plan (CollectiveExecution._closed_plan): see closed_account
+        self.closed_accounts: list[tuple] = []
         self.core = None  # the shard's NetCore, whose own accounting flush() adds here
 
-    def ports(self, links: tuple, messages: int, msg_bytes: int, busy_ns: int, wait_ns: int) -> None:
-        """Account a fast-path collective on ``links`` (each carries ``messages`` of ``msg_bytes``).
-
-        The same group's ports are accounted thousands of times: sums are kept per port set and
-        added to the per-link figures by :meth:`flush` (before anything reads them)."""
-        acc = self.port_acc.get(links)
-        if acc is None:
-            acc = self.port_acc[links] = [0, 0, 0, 0]
-        acc[0] += messages * msg_bytes
-        acc[1] += busy_ns
-        acc[2] += messages
-        if wait_ns > acc[3]:
-            acc[3] = wait_ns
+    def closed_account(self, tx: tuple, rx: tuple, per: int, msg_bytes: int, busy_ns: int, messages: int,
+                       kind: str) -> list[int]:  # fmt: skip
+        """The accumulator of one closed-form plan: every call of it puts ``per`` messages of
+        ``msg_bytes`` on each of its ports ``tx`` and ``rx`` (each busy ``busy_ns``) and ``messages``
+        on the scale-up tier. The same plan runs thousands of times with the same figures, so a call
+        only counts itself and its wait (``acc[0] += 1``, ``acc[1] = max(acc[1], wait)``, see
+        CollectiveExecution._rendezvous); :meth:`flush` adds ``calls x`` each figure to the per-link,
+        per-tier and histogram totals (before anything reads them). Only the traffic timeline depends
+        on the call's time: the caller adds it (:meth:`timeline_add`)."""
+        acc = [0, 0]
+        bucket = (msg_bytes - 1).bit_length() if msg_bytes > 0 else 0
+        self.closed_accounts.append((tx, rx, per, msg_bytes, busy_ns, messages, bucket, kind, acc))
+        return acc
 
     def flush(self) -> None:
         if self.core is not None:
             self.core.flush()
-        for links, (nbytes, busy, messages, wait) in self.port_acc.items():
-            for link in links:
-                self.link_bytes[link] += nbytes
-                self.link_busy_ns[link] += busy
-                self.link_messages[link] += messages
-                if wait > self.link_max_wait_ns[link]:
-                    self.link_max_wait_ns[link] = wait
-        self.port_acc.clear()
+        for tx, rx, per, msg_bytes, busy, messages, bucket, kind, acc in self.closed_accounts:
+            calls, wait = acc
+            if not calls:
+                continue
+            acc[0] = acc[1] = 0
+            for links in (tx, rx):
+                for link in links:
+                    self.link_bytes[link] += calls * per * msg_bytes
+                    self.link_busy_ns[link] += calls * busy
+                    self.link_messages[link] += calls * per
+                    if wait > self.link_max_wait_ns[link]:
+                        self.link_max_wait_ns[link] = wait
+            count = calls * messages
+            self.tier_bytes[0] += msg_bytes * count
+            self.tier_messages[0] += count
+            hist = self.size_hist[0]
+            hist[bucket] = hist.get(bucket, 0) + count
+            hist = self.kind_hist.get(kind)
+            if hist is None:
+                hist = self.kind_hist[kind] = {}
+            hist[bucket] = hist.get(bucket, 0) + count
 
     def messages(self, tier: int, size: int, kind: str, t: int, count: int, t_end: int = 0) -> None:
         """Account ``count`` messages of ``size`` bytes sent on ``tier`` from ``t``; their bytes go to

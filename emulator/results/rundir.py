@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import yaml
@@ -21,7 +22,7 @@ import yaml
 from emulator.engine.result import RunResult
 from emulator.errors import ConfigError
 from emulator.results import tables
-from emulator.results.trace import trace_document
+from emulator.results.trace import write_trace
 
 CSV_TABLES = {
     "links": tables.LINK_COLUMNS,
@@ -79,19 +80,33 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
     out = write_run_dir(Path(out_dir), config, summary)
     data = build_tables(config, summary, result, topo)
     for name, columns in CSV_TABLES.items():
-        write_csv(out / f"{name}.csv", getattr(data, name), columns)
-    doc = trace_document(result, topo, data.timeline, {"name": summary.get("name", ""),
-                                                      "fingerprint": summary.get("fingerprint", "")})  # fmt: skip
-    # compact separators: a traced node of 8 GPUs over many iterations is easily 10^5 events
-    (out / "trace.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+        # timeline.csv, the long one: its values are ints, floats and the tier names
+        plain = name == "timeline" and tables.csv_plain(topo.tier_names)
+        write_csv(out / f"{name}.csv", getattr(data, name), columns, plain)
+    # compact JSON, streamed: a traced node of 8 GPUs over many iterations is easily 10^6 events
+    write_trace(out / "trace.json", result, topo, data.timeline,
+                {"name": summary.get("name", ""), "fingerprint": summary.get("fingerprint", "")})  # fmt: skip
     return out, data
 
 
-def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]) -> None:
+def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...], plain: bool = False) -> None:
+    """One line per row, the columns in order (what ``csv.DictWriter`` writes: the same writer,
+    given tuples; a row missing a column is a KeyError, as a row with an extra one is for DictWriter).
+
+    ``plain``: the caller vouches that every value is an int, a float or a string that needs no
+    quoting (:func:`emulator.results.tables.csv_plain`), which ``str`` writes as the csv module does
+    (Python's ``str`` of a float is its ``repr``): the lines are then formatted directly, about
+    twice as fast (timeline.csv of the reference run has 250,000 rows)."""
+    extra = {key for row in rows[:1] for key in row} - set(columns)
+    assert not extra, f"{path.name}: rows have columns not in the table: {sorted(extra)}"
+    get = itemgetter(*columns) if len(columns) > 1 else (lambda row: (row[columns[0]],))
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        if plain:
+            f.write("".join(map((",".join(["%s"] * len(columns)) + "\r\n").__mod__, map(get, rows))))
+        else:
+            writer.writerows(map(get, rows))
 
 
 def _number(text: str):

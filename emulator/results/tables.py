@@ -160,6 +160,12 @@ def sender_capacity_bytes_per_ns(topo) -> list[float]:
     return cap
 
 
+def csv_plain(texts) -> bool:
+    """Whether the csv module writes each of ``texts`` as it is (no quoting: no delimiter, quote or
+    line break, not empty)."""
+    return all(text and not any(c in text for c in ',"\r\n') for text in texts)
+
+
 def timeline_rows(result: RunResult, topo) -> list[dict]:
     """Traffic per tier per time bucket (only buckets with traffic); see the README (Results).
 
@@ -173,16 +179,18 @@ def timeline_rows(result: RunResult, topo) -> list[dict]:
     rows = []
     for tier in range(tiers):
         # the scale-up tier carries only its own messages; switch tier k carries those of tiers >= k
-        carried = [tier] if tier == 0 else list(range(tier, tiers))
-        slots = sorted({s for t in carried for s in result.timeline[t]})
-        for slot in slots:
-            link_bytes = sum(result.timeline[t].get(slot, 0) for t in carried)
-            rows.append({
-                "tier": topo.tier_names[tier], "bucket": slot, "start_s": slot * bucket_ns / 1e9,
-                "end_s": (slot + 1) * bucket_ns / 1e9, "message_bytes": result.timeline[tier].get(slot, 0),
-                "link_bytes": link_bytes,
-                "utilisation": round(link_bytes / (cap[tier] * bucket_ns), 6) if cap[tier] else 0.0,
-            })  # fmt: skip
+        own = result.timeline[tier]
+        carried = dict(own)
+        for t in range(tier + 1, tiers) if tier else ():
+            for slot, nbytes in result.timeline[t].items():
+                carried[slot] = carried.get(slot, 0) + nbytes
+        name = topo.tier_names[tier]
+        capacity = cap[tier] * bucket_ns  # bytes the tier's sender side can carry in a bucket
+        rows += [{
+            "tier": name, "bucket": slot, "start_s": slot * bucket_ns / 1e9, "end_s": (slot + 1) * bucket_ns / 1e9,
+            "message_bytes": own.get(slot, 0), "link_bytes": link_bytes,
+            "utilisation": round(link_bytes / capacity, 6) if capacity else 0.0,
+        } for slot, link_bytes in sorted(carried.items())]  # fmt: skip
     return rows
 
 

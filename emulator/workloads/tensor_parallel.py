@@ -127,19 +127,37 @@ def launch_segments(gpu, segments: list[tuple], tp_group, suffix: str = "", grou
     ``"cp"``, experts ``"ep"`` and ``"etp"``), on a stream of the group's name. A collective is
     waited for at once, unless it is overlapped; then it is waited for at the next ``"w"`` segment,
     after the compute it runs beside (collectives of one group share a stream, so the last one done
-    means all are)."""
-    pending = None
+    means all are). :func:`prepare_segments` then :func:`launch_prepared`."""
+    launch_prepared(gpu, prepare_segments(gpu, segments, tp_group, groups), suffix)
+
+
+def prepare_segments(gpu, segments: list[tuple], tp_group, groups: dict | None = None) -> list[tuple]:
+    """``segments`` checked once for ``gpu`` (durations, collective calls: the GPU API's checks):
+    what :func:`launch_prepared` launches, for every microbatch, without checking again."""
+    block = []
     for seg in segments:
         kind = seg[0]
         if kind == "c":
-            gpu.compute(seg[1] + suffix, duration_ns=seg[2], flops=seg[3])
+            block.append(("c", seg[1], gpu.compute_ns(seg[1], seg[2]), seg[3]))
         elif kind == "m":
             name = seg[5]
             group = tp_group if name == "tp" else (groups or {}).get(name)
-            if group is None:
-                continue
-            handle = getattr(gpu, seg[2])(seg[3], group, async_op=True, stream=name)
-            if seg[4]:
+            if group is not None:
+                block.append(("m", gpu.prepare_collective(seg[2], seg[3], group), name, seg[4]))
+        else:
+            block.append(("w", None, None, None))
+    return block
+
+
+def launch_prepared(gpu, block: list[tuple], suffix: str = "") -> None:
+    """Launch a block of :func:`prepare_segments`; compute ops are named ``<segment><suffix>``."""
+    pending = None
+    for kind, a, b, c in block:
+        if kind == "c":
+            gpu.launch_compute(a + suffix, b, c)
+        elif kind == "m":
+            handle = gpu.launch_collective(a, b)
+            if c:
                 pending = handle  # overlapped: waited for after the next compute segment
             else:
                 handle.wait()

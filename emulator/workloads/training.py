@@ -38,7 +38,7 @@ from emulator.workloads.memory import (
 )
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_segments
+from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_prepared, prepare_segments
 
 
 def training_program(config):
@@ -116,8 +116,13 @@ def training_program(config):
         if zero3:
             gpu.alloc(zero3_buffer_bytes(config), f"stage{stage}.zero3_unit_buffers")
 
+        blocks: dict[int, list] = {}  # id(segments) -> its block, checked once (segments outlive the program)
+
         def run_segments(segments, suffix: str) -> None:
-            launch_segments(gpu, segments, tp_group, suffix, groups)
+            block = blocks.get(id(segments))
+            if block is None:
+                block = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
+            launch_prepared(gpu, block, suffix)
 
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""

@@ -88,3 +88,97 @@ def test_how_the_run_was_emulated_is_not_a_result():
     other.kind_hist = dict(reversed(list(other.kind_hist.items())))
     assert fingerprint(other) == fingerprint(_result())
     assert fingerprint(copy.deepcopy(other)) == fingerprint(other)
+
+
+def _reference_encoding(value) -> bytes:
+    """The fingerprint's encoding as documented in emulator/engine/result.py (_encode), written
+    plainly over bytes: the fast text-building version must give these bytes exactly."""
+    import struct
+
+    if isinstance(value, bool) or value is None:
+        return b"b" + repr(value).encode()
+    if isinstance(value, int):
+        return b"i" + repr(value).encode() + b";"
+    if isinstance(value, float):
+        return b"f" + struct.pack("<d", value)
+    if isinstance(value, str):
+        raw = value.encode()
+        return b"s" + repr(len(raw)).encode() + b":" + raw
+    if isinstance(value, (list, tuple)):
+        return b"l" + repr(len(value)).encode() + b":" + b"".join(_reference_encoding(v) for v in value)
+    keys = sorted(value, key=lambda k: (type(k).__name__, k))
+    return (
+        b"d"
+        + repr(len(value)).encode()
+        + b":"
+        + b"".join(_reference_encoding(k) + _reference_encoding(value[k]) for k in keys)
+    )
+
+
+def _fuzz_value(rng, depth: int = 0):
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 3
+
+    kinds = ["int", "big", "neg", "float", "str", "bool", "none", "enum"] + (["list", "tuple", "dict"] * 2 if depth < 3
+                                                                             else [])  # fmt: skip
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randrange(0, 1 << 40)
+    if kind == "big":
+        return rng.randrange(1 << 64, 1 << 90)
+    if kind == "neg":
+        return -rng.randrange(1, 1000)
+    if kind == "float":
+        return rng.choice([0.0, -0.0, 1.5e12, rng.random(), float("inf"), float("nan")])
+    if kind == "str":
+        return rng.choice(["", "tp", "pp.recv.fwd0", "münchen", "a\u2713b", "x" * 40])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "enum":
+        return Level.LOW
+    n = rng.randrange(0, 5)
+    if kind == "list":
+        return [_fuzz_value(rng, depth + 1) for _ in range(n)] if rng.random() < 0.7 else \
+            [rng.randrange(100) for _ in range(n)]  # fmt: skip
+    if kind == "tuple":
+        return tuple(_fuzz_value(rng, depth + 1) for _ in range(n))
+    key_kind = rng.choice(["int", "str", "mixed"])
+    keys = {rng.randrange(50) if key_kind == "int" or (key_kind == "mixed" and rng.random() < 0.5)
+            else rng.choice(["a", "b", "tp", "dp", "ü"]) for _ in range(n)}  # fmt: skip
+    return {k: _fuzz_value(rng, depth + 1) if rng.random() < 0.5 else rng.randrange(1 << 30) for k in keys}
+
+
+def test_encoding_is_the_documented_bytes_on_fuzzed_values():
+    """_encode builds Latin-1 text for speed; its bytes are the documented encoding's, on fuzzed
+    nested values (ints of any size, int subclasses, floats, non-ASCII strings, mixed dict keys)."""
+    import random
+
+    from emulator.engine.result import _encode
+
+    rng = random.Random(24)
+    for _ in range(400):
+        value = _fuzz_value(rng)
+        out: list[str] = []
+        _encode(value, out)
+        assert "".join(out).encode("latin-1") == _reference_encoding(value), value
+
+
+def test_fingerprint_of_a_known_result_is_pinned():
+    """The digest of a fixed result: a change to the encoding shows here before the shipped runs."""
+    assert fingerprint(_result()) == hashlib_reference(_result())
+
+
+def hashlib_reference(result: RunResult) -> str:
+    import hashlib
+
+    parts = [_reference_encoding([r.rank, r.node, r.final_time_ns, r.ops, r.compute_ns, r.comm_ns,
+                                  r.peak_memory_bytes, r.marks_ns, r.wait_ns, float(r.flops)])
+             for r in result.ranks]  # fmt: skip
+    parts.append(_reference_encoding(result.links))
+    parts.append(_reference_encoding([result.world_size, result.tier_bytes, result.tier_messages, result.size_hist,
+                                      result.kind_hist, result.bucket_ns, result.timeline]))  # fmt: skip
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:32]

@@ -126,3 +126,26 @@ def test_parse_rank_spec_errors(spec):
     topo = Topology(from_dict(ClusterConfig, cluster_dict(nodes=2), "cluster"))
     with pytest.raises(ConfigError, match="--trace-ranks"):
         parse_rank_spec(spec, topo)
+
+
+def test_plain_csv_lines_are_what_the_csv_module_writes(tmp_path):
+    """write_csv's direct formatting (plain values) writes what csv.DictWriter writes."""
+    import csv
+
+    from emulator.results.rundir import write_csv
+    from emulator.results.tables import csv_plain
+
+    columns = ("tier", "bucket", "start_s", "utilisation", "bytes")
+    rows = [{"tier": "ib-leaf", "bucket": b, "start_s": b * 1_000_000 / 1e9, "utilisation": round(b / 7, 6),
+             "bytes": b << 40} for b in range(0, 3000, 7)]  # fmt: skip
+    rows.append({"tier": "nvswitch", "bucket": 1 << 60, "start_s": 1e300, "utilisation": 0.0, "bytes": -1})
+    expected = tmp_path / "dict.csv"
+    with expected.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    for plain in (True, False):
+        write_csv(tmp_path / "fast.csv", rows, columns, plain=plain)
+        assert (tmp_path / "fast.csv").read_bytes() == expected.read_bytes()
+    assert csv_plain(["nvswitch", "ib-leaf"]) and not csv_plain(["a,b"]) and not csv_plain(['q"']) \
+        and not csv_plain([""])  # fmt: skip

@@ -87,3 +87,30 @@ def test_trace_document_of_a_program(run):
     assert [e["name"].split()[0] for e in slices if e["cat"] != "wait"] == ["work", "all_reduce", "more"]
     assert doc["otherData"]["traced_ranks"] == [2]
     json.dumps(doc)  # serialisable as is
+
+
+def test_streamed_trace_is_the_document_json_dumps_writes(dp_dir, tmp_path):
+    """write_trace streams f-string texts: byte for byte what json.dumps of the document writes, also
+    for names that need escaping, instant events and the utilisation counters."""
+    from emulator.config.loader import load_run
+    from emulator.engine.result import RunResult
+    from emulator.results.rundir import read_run_dir
+    from emulator.results.trace import write_trace
+    from netmodel.topology import Topology
+
+    topo = Topology(load_run(dp_dir / "config.yaml").cluster)
+    timeline = read_run_dir(dp_dir).timeline
+    ops = [("compute", 'fwd "a"\\b', 0, 0, 1500), ("compute", "münchen ✓", 0, 1700, 1_000_000_000_007),
+           ("comm", "all_reduce #0", 3, 10, 1600), ("compute", "mark_iteration", 6, 1600, 1600),
+           ("pp.recv.fwd0", "recv(src=3)", 2, 0, 1700)]  # fmt: skip
+    result = RunResult(world_size=topo.world_size, ranks=[], links={}, tier_bytes=[], tier_messages=[], size_hist=[],
+                       events=0, rounds=0, cross_shard_messages=0, traces={9: ops, 1: ops[:3]})  # fmt: skip
+    meta = {"name": "x\ty", "fingerprint": "f00"}
+    path = tmp_path / "trace.json"
+    write_trace(path, result, topo, timeline, meta)
+    expected = json.dumps(trace_document(result, topo, timeline, meta), separators=(",", ":")) + "\n"
+    assert path.read_text() == expected
+    assert any(e["ph"] == "C" for e in json.loads(expected)["traceEvents"])  # the counters were compared too
+    write_trace(path, RunResult(world_size=1, ranks=[], links={}, tier_bytes=[], tier_messages=[], size_hist=[],
+                                events=0, rounds=0, cross_shard_messages=0), topo)  # fmt: skip
+    assert json.loads(path.read_text()) == {"traceEvents": [], "otherData": {"traced_ranks": []}}
