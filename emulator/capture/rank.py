@@ -39,6 +39,7 @@ import json
 import os
 import runpy
 import sys
+import time
 import traceback
 import types
 import weakref
@@ -134,7 +135,7 @@ class Recorder:
         self.live_bytes = 0
         self.peak_bytes = 0
         self._next_id = 0
-        self.pending: dict[int, int] = {}  # storage cdata -> async handle not yet waited for
+        self.pending: dict[int, tuple] = {}  # storage cdata -> (weak ref, async handle not yet waited for)
         self.open_handles: set[int] = set()
         self.force_device = 0  # > 0 while a call that asked for the GPU runs
         self.blocking_p2p = 0  # > 0 inside dist.send / dist.recv (blocking point-to-point)
@@ -199,8 +200,13 @@ class Recorder:
     def wait_for(self, storages, frame: int) -> None:
         """Wait for the async handles whose tensors are about to be used."""
         for _, storage in storages:
-            handle = self.pending.pop(StorageWeakRef(storage).cdata, None)
-            if handle is not None and handle in self.open_handles:
+            entry = self.pending.pop(StorageWeakRef(storage).cdata, None)
+            if entry is None:
+                continue
+            ref, handle = entry
+            if ref.expired():  # a storage that died while its collective ran: not this one
+                continue
+            if handle in self.open_handles:
                 self.open_handles.discard(handle)
                 self.ops.append(("W", handle, frame, self.stream))
 
@@ -390,7 +396,9 @@ class Dispatch(TorchDispatchMode):
             rec.ops.append(("W", handle, frame, rec.stream))
             return
         for _, storage in _storages(targets):
-            rec.pending[StorageWeakRef(storage).cdata] = handle
+            # the weak reference keeps the storage's address from being reused while it is pending
+            ref = StorageWeakRef(storage)
+            rec.pending[ref.cdata] = (ref, handle)
 
 
 def _cpu_device(value):
@@ -679,6 +687,24 @@ def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
         wrapped = blocking(getattr(c10d, name))
         setattr(c10d, name, wrapped)
         setattr(dist, name, wrapped)
+    # DDP refuses device_ids for a module whose parameters are not on a GPU: the pretend GPU is the
+    # fake CPU device, so the module is placed already and device_ids has nothing to add
+    ddp = torch.nn.parallel.DistributedDataParallel
+    original_ddp_init = ddp.__init__
+
+    @functools.wraps(original_ddp_init)
+    def ddp_init(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        # gradients as views of the buckets: the reducer copies nothing back, so the buckets'
+        # all-reduces are waited for where the gradients are next read (the optimizer step), as
+        # DDP's end-of-backward wait would order them; a copy would make the wait immediate
+        kwargs["gradient_as_bucket_view"] = True
+        original_ddp_init(self, module, None, None, *args, **kwargs)
+        group = kwargs.get("process_group")
+        # the fake group's work has no result tensor, which DDP's built-in all-reduce hook needs:
+        # the same all-reduce (sum, then divide by the group size) as a Python hook
+        self.register_comm_hook(group, _ddp_allreduce_hook)
+
+    ddp.__init__ = ddp_init
     # DDP checks that the parameters agree across ranks with a real collective over their values
     # (a data-dependent check fake tensors cannot answer): the fake group agrees by construction
     with contextlib.suppress(AttributeError):
@@ -686,6 +712,15 @@ def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
         torch.nn.parallel.distributed._verify_param_shape_across_processes = lambda *a, **k: None
         torch.nn.parallel.distributed._sync_module_states = lambda *a, **k: None
         dist.utils._sync_module_states = lambda *a, **k: None
+
+
+def _ddp_allreduce_hook(group, bucket):
+    buffer = bucket.buffer()
+    buffer.div_((group or dist.group.WORLD).size())
+    dist.all_reduce(buffer, group=group, async_op=True)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
 
 
 def _patch_optimizer(rec: Recorder) -> None:
@@ -760,11 +795,7 @@ def _where(exc: BaseException, script: str) -> str:
     return f"{os.path.basename(frame.filename)}:{frame.lineno}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m emulator.capture.rank SPEC.json``: capture the ranks of SPEC, write each OUT."""
-    argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        spec = json.load(f)
+def _capture_to_file(spec: dict) -> int:
     try:
         result = capture(spec)
     except CaptureError as exc:
@@ -776,6 +807,39 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f, separators=(",", ":"))
     os.replace(tmp, spec["out"])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m emulator.capture.rank SPECS.json``: capture each rank of the list SPECS, each in a
+    child forked from this process once torch and the distributed packages are imported (the imports
+    are most of a small script's capture); each child writes its ``out`` (or ``out.error``) and the
+    seconds it took to ``out.seconds``."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0]) as f:
+        specs = json.load(f)
+    for module in PREIMPORT:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    status = 0
+    for spec in specs:
+        start = time.perf_counter()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: one rank, then gone without running the parent's exit handlers
+            code = 1
+            try:
+                code = _capture_to_file(spec)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, wait_status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(wait_status)
+        with open(spec["out"] + ".seconds", "w") as f:
+            f.write(f"{time.perf_counter() - start:.3f}")
+        status = max(status, code)
+    return status
 
 
 if __name__ == "__main__":

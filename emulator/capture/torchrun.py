@@ -133,27 +133,33 @@ def probe_ranks(world: int, nproc: int) -> list[int]:
     return sorted({r for r in (0, 1, nproc - 1, world - nproc, world - 1) if 0 <= r < world})
 
 
-def _capture_one(script: Path, script_args: list[str], rank: int, world: int, nproc: int, gpu: dict,
-                 work: Path) -> tuple[int, dict | None, str | None, float]:  # fmt: skip
-    """Capture ``rank`` in its own process: (rank, records or None, error line or None, seconds)."""
-    out = work / f"rank{rank}.json"
-    spec = {"script": str(script), "args": script_args, "rank": rank, "world_size": world,
-            "local_rank": rank % nproc, "nproc_per_node": nproc, "gpu": gpu, "out": str(out)}  # fmt: skip
-    spec_path = work / f"rank{rank}.spec.json"
-    spec_path.write_text(json.dumps(spec))
+def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world: int, nproc: int, gpu: dict,
+                   work: Path) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
+    """Capture ``ranks`` one after the other in one process (emulator/capture/rank.py forks a child
+    per rank): ``[(rank, records or None, error line or None, seconds)]``."""
+    specs = [{"script": str(script), "args": script_args, "rank": rank, "world_size": world,
+              "local_rank": rank % nproc, "nproc_per_node": nproc, "gpu": gpu, "out": str(work / f"rank{rank}.json")}
+             for rank in ranks]  # fmt: skip
+    spec_path = work / f"batch{ranks[0]}.json"
+    spec_path.write_text(json.dumps(specs))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "emulator.capture.rank", str(spec_path)], env=env,
                           capture_output=True, text=True, cwd=str(Path.cwd()))  # fmt: skip
-    seconds = time.perf_counter() - start
-    error_path = Path(str(out) + ".error")
-    if error_path.exists():
-        return rank, None, error_path.read_text().strip(), seconds
-    if proc.returncode != 0 or not out.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()
-        return rank, None, f"capture process failed: {tail[-1] if tail else proc.returncode}", seconds
-    with open(out) as f:
-        return rank, json.load(f), None, seconds
+    results = []
+    for spec in specs:
+        out = Path(spec["out"])
+        error_path, seconds_path = Path(f"{out}.error"), Path(f"{out}.seconds")
+        seconds = float(seconds_path.read_text()) if seconds_path.exists() else 0.0
+        if error_path.exists():
+            results.append((spec["rank"], None, error_path.read_text().strip(), seconds))
+        elif not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            results.append((spec["rank"], None, f"capture process failed: {tail[-1] if tail else proc.returncode}",
+                            seconds))  # fmt: skip
+        else:
+            with open(out) as f:
+                results.append((spec["rank"], json.load(f), None, seconds))
+    return results
 
 
 def _stream_key(records: dict) -> str:
@@ -198,9 +204,10 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
         work = Path(tmp)
 
         def run(ranks: list[int]) -> None:
-            with ThreadPoolExecutor(max_workers=min(workers, len(ranks))) as pool:
-                results = list(pool.map(lambda r: _capture_one(path.resolve(), script_args, r, world, nproc, gpu,
-                                                               work), ranks))  # fmt: skip
+            batches = [ranks[i::workers] for i in range(min(workers, len(ranks)))]
+            with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+                results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
+                                                                            nproc, gpu, work), batches) for r in batch]
             errors = sorted((r, e) for r, _, e, _ in results if e is not None)
             if errors:
                 rank, line = errors[0]
