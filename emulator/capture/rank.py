@@ -281,6 +281,10 @@ class Dispatch(TorchDispatchMode):
         namespace, _, short = name.partition("::")
         if func in RANDOM_INPLACE:
             return args[0]
+        if func is aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            # a value read on the host (loss.item() for a log line, a NaN check): fake tensors have
+            # none; zero keeps such code on its usual path
+            return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
         args, kwargs = tree_map(_cpu_device, (args, kwargs))
         inputs = _storages((args, kwargs))
         device = self._device_call(args, kwargs) or any(rec.on_device(s) for _, s in inputs)
@@ -597,6 +601,11 @@ def _patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
         "is_bf16_supported": lambda *a, **k: True, "manual_seed": lambda seed: None,
         "manual_seed_all": lambda seed: None, "seed": lambda: None, "is_initialized": lambda: True,
         "init": lambda: None, "_lazy_init": lambda: None,
+        # a generator's state is a byte tensor on the host; the pretend GPU's is never consumed
+        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
+        "set_rng_state": lambda state, device="cuda": None,
+        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)] * nproc,
+        "set_rng_state_all": lambda states: None, "initial_seed": lambda: 0,
         "Stream": _Stream, "Event": _Event, "current_stream": _current_stream,
         "default_stream": lambda device=None: _Stream(_index=0), "stream": _use_stream, "set_stream": _set_stream, "device": lambda d=None: contextlib.nullcontext(),
     }  # fmt: skip
@@ -687,6 +696,36 @@ def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
         wrapped = blocking(getattr(c10d, name))
         setattr(c10d, name, wrapped)
         setattr(dist, name, wrapped)
+    # a DeviceMesh of "cuda" is a mesh of the fake CPU device: DTensor moves local tensors to the
+    # mesh's device type, also in backward, where no function mode rewrites the device
+    from torch.distributed import device_mesh
+
+    original_mesh_init = device_mesh.DeviceMesh.__init__
+
+    @functools.wraps(original_mesh_init)
+    def mesh_init(self, device_type, *args, **kwargs):
+        original_mesh_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    device_mesh.DeviceMesh.__init__ = mesh_init
+    original_init_mesh = device_mesh.init_device_mesh
+
+    @functools.wraps(original_init_mesh)
+    def init_device_mesh(device_type, *args, **kwargs):
+        return original_init_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    device_mesh.init_device_mesh = init_device_mesh
+    dist.init_device_mesh = init_device_mesh
+    # torch.distributed.pipelining votes over point-to-point whether the stages' shapes are static and
+    # reads the received value; a fake tensor has none: the stages are static (shapes do not change
+    # between microbatches in a training loop), which is what the vote finds on a GPU
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch.distributed.pipelining import schedules
+
+        def warmup_p2p(self, stages, has_backward, p2p_done) -> None:
+            for stage in stages:
+                stage._inference_mode = schedules.InferenceMode.STATIC
+
+        schedules._PipelineSchedule._warmup_p2p = warmup_p2p
     # DDP refuses device_ids for a module whose parameters are not on a GPU: the pretend GPU is the
     # fake CPU device, so the module is placed already and device_ids has nothing to add
     ddp = torch.nn.parallel.DistributedDataParallel
