@@ -343,7 +343,7 @@ class Dispatch(TorchDispatchMode):
             return out
         if short in ("send", "recv_", "recv_any_source_"):
             group = _group_ranks(_arg(func, args, kwargs, "process_group"))
-            peer = int(_arg(func, args, kwargs, "dst" if short == "send" else "srcRank", 0))
+            peer = int(_arg(func, args, kwargs, "dst" if short == "send" else "src", 0))
             tag = int(_arg(func, args, kwargs, "tag", 0))
             handle = rec.new_handle()
             kind = "send" if short == "send" else "recv"
