@@ -35,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.abc
+import importlib.util
 import json
 import os
 import runpy
@@ -90,9 +92,8 @@ FUNCTIONAL = {
     "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast",
 }  # fmt: skip
 
-PREIMPORT = ("torch._dynamo", "torch._inductor.utils", "torch.distributed.fsdp", "torch.distributed.tensor",
-             "torch.distributed.tensor.parallel", "torch.distributed.pipelining", "torch.nn.parallel",
-             "torch.distributed.device_mesh", "torch.distributed.algorithms.ddp_comm_hooks")
+# imported before torch.cuda pretends to be there: the modules whose classes capture patches
+PREIMPORT = ("torch.distributed.device_mesh", "torch.nn.parallel")
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp32"}
 
 
@@ -618,7 +619,6 @@ def _patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
             if hasattr(module, attr):
                 setattr(module, attr, values[attr])
     with contextlib.suppress(AttributeError):
-        torch._C._cuda_getDeviceCount = lambda: nproc
         torch.cuda.memory.memory_allocated = values["memory_allocated"]
         torch.cuda.memory.max_memory_allocated = max_memory_allocated
 
@@ -664,6 +664,39 @@ def _patch_module_to(rec: Recorder) -> None:
 
     torch.nn.Module.to = to
     torch.nn.Module.cuda = lambda self, device=None: to(self, "cuda")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a patch on a module right after it is imported (pipelining is heavy to import: only
+    scripts that use it pay for it)."""
+
+    def __init__(self, name: str, patch):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader, patch = spec.loader, self.patch
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                patch(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+def _after_import(name: str, patch) -> None:
+    if name in sys.modules:
+        patch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
 def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
@@ -718,14 +751,14 @@ def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
     # torch.distributed.pipelining votes over point-to-point whether the stages' shapes are static and
     # reads the received value; a fake tensor has none: the stages are static (shapes do not change
     # between microbatches in a training loop), which is what the vote finds on a GPU
-    with contextlib.suppress(ImportError, AttributeError):
-        from torch.distributed.pipelining import schedules
-
+    def patch_schedules(schedules) -> None:
         def warmup_p2p(self, stages, has_backward, p2p_done) -> None:
             for stage in stages:
                 stage._inference_mode = schedules.InferenceMode.STATIC
 
         schedules._PipelineSchedule._warmup_p2p = warmup_p2p
+
+    _after_import("torch.distributed.pipelining.schedules", patch_schedules)
     # DDP refuses device_ids for a module whose parameters are not on a GPU: the pretend GPU is the
     # fake CPU device, so the module is placed already and device_ids has nothing to add
     ddp = torch.nn.parallel.DistributedDataParallel

@@ -204,6 +204,8 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
         work = Path(tmp)
 
         def run(ranks: list[int]) -> None:
+            if not ranks:
+                return
             batches = [ranks[i::workers] for i in range(min(workers, len(ranks)))]
             with ThreadPoolExecutor(max_workers=len(batches)) as pool:
                 results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
