@@ -80,7 +80,7 @@ def main():
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat.div_(world)
-        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+        for g, piece in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
             g.copy_(piece.view_as(g))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -53,7 +53,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
@@ -112,7 +112,7 @@ def _is_cuda(device) -> bool:
 def _storages(value) -> list:
     out = []
     for leaf in tree_flatten(value)[0]:
-        if isinstance(leaf, torch.Tensor):
+        if isinstance(leaf, torch.Tensor) and not is_traceable_wrapper_subclass(leaf):
             try:
                 out.append((leaf, leaf.untyped_storage()))
             except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
@@ -264,6 +264,27 @@ def _host_real(args, kwargs, inputs) -> bool:
     return True
 
 
+# the fake CPU device's fused attention stands for the GPU's flash kernel: FLOPs as
+# torch.utils.flop_counter counts the GPU's (two GEMMs forward; backward five: the scores
+# recomputed, dV, dP, dQ, dK), halved under a causal mask, whose blocks above the diagonal a fused
+# kernel skips (FlashAttention-2, Dao 2023; emulator/workloads/layer_costs.py counts the same)
+CPU_FLASH = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+
+
+def _cpu_flash_flops(base: str, args, kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    if base.endswith("_backward"):
+        grad_out, query, key, value = args[:4]
+        causal = kwargs.get("is_causal", args[7] if len(args) > 7 else False)
+        flops = sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+    else:
+        query, key, value = args[:3]
+        causal = kwargs.get("is_causal", args[4] if len(args) > 4 else False)
+        flops = sdpa_flop_count(query.shape, key.shape, value.shape)
+    return int(flops // 2 if causal else flops)
+
+
 def _nbytes(value) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
 
@@ -287,6 +308,11 @@ class Dispatch(TorchDispatchMode):
             # none; zero keeps such code on its usual path
             return False if args[0].dtype == torch.bool else 0 if not args[0].is_floating_point() else 0.0
         args, kwargs = tree_map(_cpu_device, (args, kwargs))
+        if any(is_traceable_wrapper_subclass(t) for t in tree_flatten((args, kwargs))[0]):
+            # a DTensor (or another wrapper): it dispatches the op again on its local tensors, which
+            # is what the GPU runs (and what this mode then sees); its own global-shaped op is only
+            # a description
+            return NotImplemented
         inputs = _storages((args, kwargs))
         device = self._device_call(args, kwargs) or any(rec.on_device(s) for _, s in inputs)
         if not device and namespace == "aten" and _host_real(args, kwargs, inputs):
@@ -296,6 +322,8 @@ class Dispatch(TorchDispatchMode):
                 return func(*args, **kwargs)
         if namespace in ("c10d", "_c10d_functional") and device is not None:
             return self._comm(func, namespace, short, args, kwargs, inputs)
+        if device and _in_shape_propagation():
+            device = False  # DTensor computing an op's output shape on empty tensors: no GPU work
         if namespace not in ("aten", "fsdp"):
             return func(*args, **kwargs)  # prim::device and the like: no kernel
         frame = rec.frame() if device else -1
@@ -314,7 +342,9 @@ class Dispatch(TorchDispatchMode):
             return out
         flops = 0
         packet = func.overloadpacket
-        if packet in flop_registry:
+        if base in CPU_FLASH:
+            flops = _cpu_flash_flops(base, args, kwargs)
+        elif packet in flop_registry:
             try:
                 flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
             except Exception:  # a formula that does not take this overload: count it as memory-bound
@@ -404,6 +434,19 @@ class Dispatch(TorchDispatchMode):
             # the weak reference keeps the storage's address from being reused while it is pending
             ref = StorageWeakRef(storage)
             rec.pending[ref.cdata] = (ref, handle)
+
+
+SHAPE_PROPAGATION = ("_sharding_prop.py", "_op_schema.py")
+
+
+def _in_shape_propagation() -> bool:
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.endswith(SHAPE_PROPAGATION) and "distributed/tensor" in name:
+            return True
+        f = f.f_back
+    return False
 
 
 def _cpu_device(value):
@@ -583,6 +626,10 @@ def _patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
     def set_device(device) -> None:
         state["device"] = device.index if isinstance(device, torch.device) else int(device)
 
+    def memory_allocated(device=None) -> int:
+        rec.sweep()
+        return rec.live_bytes
+
     def max_memory_allocated(device=None) -> int:
         return rec.peak_bytes
 
@@ -595,7 +642,7 @@ def _patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
         "get_device_properties": lambda device=None: props,
         "get_device_capability": lambda device=None: (spec["major"], spec["minor"]),
         "synchronize": lambda device=None: rec.ops.append(("Y", rec.frame())), "empty_cache": lambda: None,
-        "memory_allocated": lambda device=None: rec.live_bytes, "max_memory_allocated": max_memory_allocated,
+        "memory_allocated": memory_allocated, "max_memory_allocated": max_memory_allocated,
         "memory_reserved": lambda device=None: rec.live_bytes, "max_memory_reserved": max_memory_allocated,
         "reset_peak_memory_stats": reset_peak, "reset_max_memory_allocated": reset_peak,
         "mem_get_info": lambda device=None: (spec["capacity_bytes"] - rec.live_bytes, spec["capacity_bytes"]),
@@ -608,7 +655,8 @@ def _patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
         "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)] * nproc,
         "set_rng_state_all": lambda states: None, "initial_seed": lambda: 0,
         "Stream": _Stream, "Event": _Event, "current_stream": _current_stream,
-        "default_stream": lambda device=None: _Stream(_index=0), "stream": _use_stream, "set_stream": _set_stream, "device": lambda d=None: contextlib.nullcontext(),
+        "default_stream": lambda device=None: _Stream(_index=0), "stream": _use_stream, "set_stream": _set_stream,
+        "device": lambda d=None: contextlib.nullcontext(),
     }  # fmt: skip
     for attr, value in values.items():
         setattr(cuda, attr, value)
