@@ -284,7 +284,8 @@ def cmd_compare(args) -> int:
 
 COMMANDS = {
     "run": cmd_run, "torchrun": cmd_torchrun, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan,
-    "goodput": cmd_goodput, "collbench": cmd_collbench, "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare,
+    "goodput": cmd_goodput, "collbench": cmd_collbench, "validate": cmd_validate, "report": cmd_report,
+    "compare": cmd_compare,
 }  # fmt: skip
 
 

@@ -64,9 +64,8 @@ def main():
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
+    torch.manual_seed(0)  # the same initial weights on every rank
     model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq).to(device)
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)  # the same initial weights everywhere
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     world = dist.get_world_size()
 
