@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import importlib.abc
 import importlib.util
@@ -220,6 +221,7 @@ class Recorder:
     def mark_iteration(self) -> None:
         frame = self.frame()
         self.wait_all(frame)
+        gc.collect()  # tensors in reference cycles, at a point that is the same on every rank
         self.sweep()
         self.ops.append(("I", frame))
         self.iterations += 1
@@ -880,6 +882,11 @@ def capture(spec: dict) -> dict:
     script_dir = os.path.dirname(os.path.realpath(spec["script"]))
     sys.path.insert(0, script_dir)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    # the cycle collector runs when allocation counts say so, which differ from process to process:
+    # frees would land at different places in ranks that run the same script; it runs at each
+    # iteration mark instead (and reference counting frees everything else at once)
+    gc.collect()
+    gc.disable()
     try:
         with fake, Devices(rec), Dispatch(rec):
             runpy.run_path(rec.script, run_name="__main__")

@@ -204,3 +204,17 @@ def test_torch_cuda_answers_as_the_clusters_gpu(tmp_path, capsys):
     """)
     code, out, err = _torchrun(capsys, path)
     assert code == 0, err
+
+
+def test_transformer_encoder_layer_captures_in_training_and_inference(tmp_path, capsys):
+    path = _script(tmp_path, """
+        layer = torch.nn.TransformerEncoderLayer(256, 4, batch_first=True).cuda()
+        x = torch.randn(2, 64, 256, device="cuda")
+        layer(x).sum().backward()
+        dist.all_reduce(layer.linear1.weight.grad)
+        layer.eval()
+        with torch.no_grad():  # the fused inference fast path
+            layer(x)
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 0, err
