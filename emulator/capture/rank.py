@@ -45,7 +45,6 @@ import sys
 import time
 import traceback
 import types
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -902,8 +901,6 @@ def capture(spec: dict) -> dict:
                            f"{_first_line(exc)}") from None  # fmt: skip
     rec.wait_all(-1)
     rec.sweep()
-    # what is still alive at the end (weights, optimizer states) is what the GPU holds across iterations
-    _ = weakref  # storages are watched through StorageWeakRef
     return rec.dump()
 
 

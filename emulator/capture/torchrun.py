@@ -151,7 +151,11 @@ def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world
         error_path, seconds_path = Path(f"{out}.error"), Path(f"{out}.seconds")
         seconds = float(seconds_path.read_text()) if seconds_path.exists() else 0.0
         if error_path.exists():
-            results.append((spec["rank"], None, error_path.read_text().strip(), seconds))
+            line = error_path.read_text().strip()
+            said = [text for text in (proc.stderr or "").strip().splitlines() if text.strip()]
+            if "exited with status" in line and said:  # argparse and the like say why on stderr
+                line += f" ({said[-1].strip()})"
+            results.append((spec["rank"], None, line, seconds))
         elif not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             results.append((spec["rank"], None, f"capture process failed: {tail[-1] if tail else proc.returncode}",
