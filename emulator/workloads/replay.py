@@ -136,7 +136,7 @@ def program(gpu) -> None:
         code = step[0]
         if code == COMPUTE:
             _, stream, ns, flops, frame = step
-            last[stream] = gpu.compute(frame, duration_ns=ns, stream=stream)
+            last[stream] = gpu.compute(frame, flops=flops, duration_ns=ns, stream=stream)  # flops for ranks.csv
         elif code == MEMORY:
             _, start, peak, end, frame = step
             transient = gpu.alloc(peak - start, f"tensors at {frame}") if peak > start else None

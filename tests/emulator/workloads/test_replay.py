@@ -85,6 +85,8 @@ def test_replay_is_an_ordinary_run(tmp_path):
     assert s["iteration_time_s"] * 1e9 >= compute_ns
     peak = max(row["peak_memory_bytes"] for row in r.tables.ranks)
     assert peak == 768 * MiB
+    # the captured FLOPs reach the per-rank table (one iteration of 4 + 8 TFLOP)
+    assert r.tables.ranks[0]["flops"] == 12e12
 
 
 def test_same_results_on_any_shard_count(tmp_path):
