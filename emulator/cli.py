@@ -137,7 +137,7 @@ def cmd_torchrun(args) -> int:
     if not args.quiet:
         print(captured.describe(), file=sys.stderr, flush=True)
     args.wandb = False
-    return _run_config(args, replay_config(captured, args.nnodes, args.nproc_per_node))
+    return _run_config(args, replay_config(captured, args.nnodes, args.nproc_per_node, args.overrides))
 
 
 def _run_config(args, config) -> int:

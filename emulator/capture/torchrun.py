@@ -76,6 +76,9 @@ def add_torchrun_parser(sub) -> None:
                    help="auto: capture probe ranks and every rank only when they differ (default); all: every rank")
     p.add_argument("--workers", type=int, help="rank captures at once (default: the cores)")
     p.add_argument("--recapture", action="store_true", help="ignore the cached capture")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a value of the replay's run config, as emulator run --set (repeatable), e.g. "
+                        "--set cluster.tiers.1.algorithms.all_reduce=hierarchical")  # fmt: skip
     p.add_argument("--out", type=Path, help="run directory (default runs/<time>-<script>)")
     p.add_argument("--backend", default="inline", help="where the replay runs: inline (default) or ray")
     p.add_argument("--shards", type=int, default=1, help="number of shards of the replay")
@@ -287,6 +290,11 @@ def _write_run_file(run_file: Path, script: Path, cluster: str, nnodes: int, npr
     run_file.write_text(text)
 
 
-def replay_config(captured: Captured, nnodes: int, nproc: int):
-    """The run config of the replay (``emulator run`` of the run file, the world layout set)."""
-    return load_run(captured.run_file, [f"cluster.nodes={nnodes}", f"cluster.gpus_per_node={nproc}"])
+def replay_config(captured: Captured, nnodes: int, nproc: int, overrides: list[str] = ()):
+    """The run config of the replay (``emulator run`` of the run file, the world layout set, then
+    the ``--set`` overrides: the network's algorithms, faults, engine knobs)."""
+    for text in overrides:
+        if text.split("=", 1)[0].strip() in ("cluster.nodes", "cluster.gpus_per_node", "program", "program_args"):
+            raise ConfigError(f"torchrun: --set {text}: the world layout is --nnodes and --nproc-per-node, the "
+                              f"program is the capture")  # fmt: skip
+    return load_run(captured.run_file, [f"cluster.nodes={nnodes}", f"cluster.gpus_per_node={nproc}", *overrides])
