@@ -1,4 +1,4 @@
-"""Command line: ``emulator run | check | sweep | plan | goodput | collbench | validate | report | compare``.
+"""Command line: ``emulator run | torchrun | check | sweep | plan | goodput | collbench | validate | report | compare``.
 
 User errors print one line (``error: ...``) and exit with code 2; success exits 0.
 """
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     add_goodput_parser(sub)
 
+    from emulator.capture.torchrun import add_torchrun_parser
+
+    add_torchrun_parser(sub)
+
     check = sub.add_parser("check", help="validate a run file without running it")
     _add_config_args(check)
 
@@ -121,9 +125,25 @@ def _start_monitor(args, config, out_dir: Path, topo):
 
 
 def cmd_run(args) -> int:
+    return _run_config(args, _load(args))
+
+
+def cmd_torchrun(args) -> int:
+    """Capture the script's ranks (or reuse the cached capture), then replay them like ``emulator run``."""
+    from emulator.capture.torchrun import capture, replay_config
+
+    captured = capture(args.script, list(args.script_args), args.nnodes, args.nproc_per_node, args.cluster,
+                       args.capture, args.workers, args.recapture, args.quiet)  # fmt: skip
+    if not args.quiet:
+        print(captured.describe(), file=sys.stderr, flush=True)
+    args.wandb = False
+    return _run_config(args, replay_config(captured, args.nnodes, args.nproc_per_node, args.overrides))
+
+
+def _run_config(args, config) -> int:
+    """Run ``config`` with the run options of ``args``; print the result line (emulator run's)."""
     from emulator.runner.sequence import default_out_dir, prepare, run_job
 
-    config = _load(args)
     prepared = prepare(config, args.backend, args.shards, args.trace_ranks)
     if args.wandb:
         from emulator.results.wandb_log import require_wandb
@@ -263,8 +283,9 @@ def cmd_compare(args) -> int:
 
 
 COMMANDS = {
-    "run": cmd_run, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan, "goodput": cmd_goodput,
-    "collbench": cmd_collbench, "validate": cmd_validate, "report": cmd_report, "compare": cmd_compare,
+    "run": cmd_run, "torchrun": cmd_torchrun, "check": cmd_check, "sweep": cmd_sweep, "plan": cmd_plan,
+    "goodput": cmd_goodput, "collbench": cmd_collbench, "validate": cmd_validate, "report": cmd_report,
+    "compare": cmd_compare,
 }  # fmt: skip
 
 

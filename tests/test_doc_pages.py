@@ -237,9 +237,10 @@ def copies(commands: list[str]) -> set[Path]:
 
 
 def named_files(args) -> list[str]:
-    """The repository files an invocation reads: run, sweep and cluster files, and a --program file."""
+    """The repository files an invocation reads: run, sweep and cluster files, a --program file, a
+    torchrun script."""
     out = []
-    for attr in ("run_file", "sweep_file", "run"):
+    for attr in ("run_file", "sweep_file", "run", "script"):
         value = getattr(args, attr, None)
         if isinstance(value, str) and (value.endswith((".yaml", ".yml")) or "/" in value):
             out.append(value)

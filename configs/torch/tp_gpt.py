@@ -1,0 +1,96 @@
+"""Tensor parallelism with DTensor on a 2-D DeviceMesh (data x tensor): each block's attention and MLP
+split Megatron-style (ColwiseParallel then RowwiseParallel), data parallel across the mesh's other
+dimension (a gradient all-reduce over it); bf16 autocast.
+
+    emulator torchrun --cluster dgx-h100-ndr --nnodes 8 --nproc-per-node 8 configs/torch/tp_gpt.py
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        # under tensor parallelism qkv holds this rank's heads only: -1 finds how many
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, -1, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, hidden: int, heads: int, layers: int, seq: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel size (inside a node)")
+    args = p.parse_args()
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq).cuda()
+    for block in model.blocks:
+        parallelize_module(block, mesh["tp"], {
+            "qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+            "fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
+        })
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    dp_group = mesh["dp"].get_group()
+
+    for _ in range(args.iters):
+        tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        for p in model.parameters():  # data parallel over the mesh's first dimension
+            grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(grad, group=dp_group)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

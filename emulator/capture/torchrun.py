@@ -1,0 +1,300 @@
+"""``emulator torchrun``: a drop-in for ``torchrun`` that runs the script's ranks on virtual GPUs.
+
+    emulator torchrun --cluster dgx-h100-ndr --nnodes 8 --nproc-per-node 8 configs/torch/fsdp_gpt.py --layers 8
+
+Two steps. **Capture**: each rank of the script runs in a local process under PyTorch's fake process
+group and fake tensors (emulator/capture/rank.py, the only module that imports torch), with the
+environment torchrun gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...), and
+writes the ordered stream of what its GPU would do. **Replay**: the streams run on the engine as
+rank programs (emulator/workloads/replay.py), an ordinary run with every output of ``emulator run``.
+
+Ranks that run the same stream are captured once: ``--capture auto`` (the default) captures a few
+probe ranks (the first two, the last of the first node, the first and last of the last node) and,
+when their streams are identical (ops, sizes, groups, peers), gives that stream to every rank; when
+they differ it captures every rank and keeps one copy per distinct stream. ``--capture all``
+captures every rank whatever the probes say (a script whose ranks differ only between the probes).
+
+Captures are cached (``$EMULATOR_CACHE_DIR``, default ``~/.cache/emulator/torchrun``) by the script's
+content, its arguments, the torch version, the world layout, the GPU type and the capture code
+itself: an unchanged rerun replays at once, an edited script is captured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.config.loader import load_cluster, load_run
+from emulator.errors import ConfigError, ProgramError
+from emulator.hardware.gpus import get_gpu
+from emulator.workloads.replay import check_streams
+
+REPLAY_PROGRAM = Path(__file__).resolve().parents[1] / "workloads" / "replay.py"
+RANK_MODULE = Path(__file__).resolve().with_name("rank.py")
+FORMAT = 1  # bump when the capture format changes (the cache key holds rank.py's source too)
+
+
+@dataclass
+class Captured:
+    """What the capture step gave: the capture set's file and how it was obtained."""
+
+    path: Path
+    run_file: Path
+    world_size: int
+    ranks_captured: int
+    templates: int
+    from_cache: bool
+    capture_wall_s: float  # the capture step as a whole (0 from the cache)
+    rank_capture_s: list[float]  # each captured rank's process, start to end
+
+    def describe(self) -> str:
+        if self.from_cache:
+            return (f"capture: reused {self.path.parent} ({self.ranks_captured} of {self.world_size} ranks captured, "
+                    f"{self.templates} distinct stream(s))")  # fmt: skip
+        per = sorted(self.rank_capture_s)[len(self.rank_capture_s) // 2] if self.rank_capture_s else 0.0
+        return (f"capture: {self.ranks_captured} of {self.world_size} ranks captured in {self.capture_wall_s:.1f} s "
+                f"(median {per:.1f} s per rank), {self.templates} distinct stream(s)")  # fmt: skip
+
+
+def add_torchrun_parser(sub) -> None:
+    p = sub.add_parser("torchrun", help="run your own PyTorch training script on the emulated cluster")
+    p.add_argument("--cluster", default="dgx-h100-ndr", help="cluster file or preset name (default dgx-h100-ndr)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun's --nnodes)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, required=True,
+                   help="processes (GPUs) per node (torchrun's --nproc-per-node)")  # fmt: skip
+    p.add_argument("--capture", choices=("auto", "all"), default="auto",
+                   help="auto: capture probe ranks and every rank only when they differ (default); all: every rank")
+    p.add_argument("--workers", type=int, help="rank captures at once (default: the cores)")
+    p.add_argument("--recapture", action="store_true", help="ignore the cached capture")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a value of the replay's run config, as emulator run --set (repeatable), e.g. "
+                        "--set cluster.tiers.1.algorithms.all_reduce=hierarchical")  # fmt: skip
+    p.add_argument("--out", type=Path, help="run directory (default runs/<time>-<script>)")
+    p.add_argument("--backend", default="inline", help="where the replay runs: inline (default) or ray")
+    p.add_argument("--shards", type=int, default=1, help="number of shards of the replay")
+    p.add_argument("--address", help="Ray cluster address for --backend ray")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--trace-ranks", default="default", metavar="RANKS", help="ranks in trace.json (as emulator run)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve live Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-grace-s", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", help=argparse_ignored())
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", help=argparse_ignored())
+    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", help=argparse_ignored())
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", help=argparse_ignored())
+    p.add_argument("--master-port", "--master_port", dest="master_port", help=argparse_ignored())
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", help=argparse_ignored())
+    p.add_argument("--standalone", action="store_true", help=argparse_ignored())
+    p.add_argument("script", help="the training script (as given to torchrun)")
+    p.add_argument("script_args", nargs="...", help="the script's own arguments")
+
+
+def argparse_ignored() -> str:
+    return "accepted for torchrun compatibility; every rank of the emulated job is local"
+
+
+def _gpu_facts(gpu_name: str) -> dict:
+    """What ``torch.cuda`` answers during capture: the cluster's GPU."""
+    spec = get_gpu(gpu_name)
+    lower = spec.name.lower()
+    major = 10 if "b200" in lower or "gb200" in lower else 9 if ("h100" in lower or "h200" in lower) else 8
+    return {"gpu_name": f"NVIDIA {spec.name}", "capacity_bytes": int(spec.hbm_bytes), "major": major, "minor": 0,
+            "sms": 132 if major >= 9 else 108}  # fmt: skip
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EMULATOR_CACHE_DIR") or Path.home() / ".cache" / "emulator" / "torchrun")
+
+
+def cache_key(script: Path, script_args: list[str], torch_version: str, nnodes: int, nproc: int, gpu: dict,
+              mode: str) -> str:  # fmt: skip
+    h = hashlib.sha256()
+    for part in (script.read_bytes(), json.dumps(script_args).encode(), torch_version.encode(),
+                 f"{nnodes}x{nproc}".encode(), json.dumps(gpu, sort_keys=True).encode(), mode.encode(),
+                 RANK_MODULE.read_bytes(), str(FORMAT).encode()):  # fmt: skip
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:24]
+
+
+def torch_version() -> str:
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("emulator torchrun needs torch: pip install -e '.[torch]' (torch==2.13.0)")
+    return importlib.metadata.version("torch")
+
+
+def probe_ranks(world: int, nproc: int) -> list[int]:
+    return sorted({r for r in (0, 1, nproc - 1, world - nproc, world - 1) if 0 <= r < world})
+
+
+def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world: int, nproc: int, gpu: dict,
+                   work: Path) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
+    """Capture ``ranks`` one after the other in one process (emulator/capture/rank.py forks a child
+    per rank): ``[(rank, records or None, error line or None, seconds)]``."""
+    specs = [{"script": str(script), "args": script_args, "rank": rank, "world_size": world,
+              "local_rank": rank % nproc, "nproc_per_node": nproc, "gpu": gpu, "out": str(work / f"rank{rank}.json")}
+             for rank in ranks]  # fmt: skip
+    spec_path = work / f"batch{ranks[0]}.json"
+    spec_path.write_text(json.dumps(specs))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    proc = subprocess.run([sys.executable, "-m", "emulator.capture.rank", str(spec_path)], env=env,
+                          capture_output=True, text=True, cwd=str(Path.cwd()))  # fmt: skip
+    results = []
+    for spec in specs:
+        out = Path(spec["out"])
+        error_path, seconds_path = Path(f"{out}.error"), Path(f"{out}.seconds")
+        seconds = float(seconds_path.read_text()) if seconds_path.exists() else 0.0
+        if error_path.exists():
+            line = error_path.read_text().strip()
+            said = [text for text in (proc.stderr or "").strip().splitlines() if text.strip()]
+            if "exited with status" in line and said:  # argparse and the like say why on stderr
+                line += f" ({said[-1].strip()})"
+            results.append((spec["rank"], None, line, seconds))
+        elif not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            results.append((spec["rank"], None, f"capture process failed: {tail[-1] if tail else proc.returncode}",
+                            seconds))  # fmt: skip
+        else:
+            with open(out) as f:
+                results.append((spec["rank"], json.load(f), None, seconds))
+    return results
+
+
+def _stream_key(records: dict) -> str:
+    """What makes two ranks' streams the same program: ops (with sizes, peers, frames) and groups."""
+    return hashlib.sha256(json.dumps([records["ops"], records["frames"], records["groups"]],
+                                     separators=(",", ":")).encode()).hexdigest()  # fmt: skip
+
+
+def _ops_key(records: dict) -> str:
+    """The stream up to its groups: ranks that differ only in their groups share one copy."""
+    return hashlib.sha256(json.dumps([records["ops"], records["frames"]], separators=(",", ":")).encode()).hexdigest()
+
+
+def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluster: str, mode: str = "auto",
+            workers: int | None = None, recapture: bool = False, quiet: bool = False) -> Captured:  # fmt: skip
+    """Capture the script's ranks (or find them in the cache); the capture set and its run file."""
+    path = Path(script)
+    if not path.is_file():
+        raise ConfigError(f"torchrun: no script {script!r}")
+    if nnodes < 1 or nproc < 1:
+        raise ConfigError(f"torchrun: --nnodes and --nproc-per-node must be >= 1, got {nnodes} and {nproc}")
+    version = torch_version()
+    overrides = [f"nodes={nnodes}", f"gpus_per_node={nproc}"]
+    cluster_config = load_cluster(cluster, overrides)
+    gpu = _gpu_facts(cluster_config.groups()[0].gpu)
+    world = nnodes * nproc
+    key = cache_key(path, script_args, version, nnodes, nproc, gpu, mode)
+    folder = cache_root() / key
+    captures_path, meta_path = folder / "captures.json", folder / "meta.json"
+    run_file = folder / "run.yaml"
+    cluster_ref = str(Path(cluster).resolve()) if Path(cluster).is_file() else cluster
+    if not recapture and captures_path.exists() and meta_path.exists():
+        _write_run_file(run_file, path, cluster_ref, nnodes, nproc, captures_path)
+        meta = json.loads(meta_path.read_text())
+        return Captured(captures_path, run_file, world, meta["ranks_captured"], meta["templates"], True, 0.0, [])
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    workers = max(1, workers or os.cpu_count() or 1)
+    captured: dict[int, dict] = {}
+    seconds: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="emulator-capture-") as tmp:
+        work = Path(tmp)
+
+        def run(ranks: list[int]) -> None:
+            if not ranks:
+                return
+            batches = [ranks[i::workers] for i in range(min(workers, len(ranks)))]
+            with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+                results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
+                                                                            nproc, gpu, work), batches) for r in batch]
+            errors = sorted((r, e) for r, _, e, _ in results if e is not None)
+            if errors:
+                rank, line = errors[0]
+                others = f" (and {len(errors) - 1} more rank(s))" if len(errors) > 1 else ""
+                raise ProgramError(f"rank {rank}: {line}{others}")
+            for r, records, _, s in results:
+                captured[r] = records
+                seconds.append(s)
+
+        probes = probe_ranks(world, nproc) if mode == "auto" else list(range(world))
+        if not quiet:
+            print(f"capture: {len(probes)} rank(s) of {world} ({workers} at once)...", file=sys.stderr, flush=True)
+        run(probes)
+        uniform = mode == "auto" and len({_stream_key(captured[r]) for r in probes}) == 1
+        if mode == "auto" and not uniform:
+            rest = [r for r in range(world) if r not in captured]
+            if not quiet:
+                print(f"capture: the probe ranks differ; capturing the other {len(rest)} rank(s)...", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            run(rest)
+    captures = _assemble(captured, world, uniform)
+    check_streams(captures)  # a mismatch or deadlock is reported now, with the script's lines
+    tmp_path = captures_path.with_suffix(".tmp")
+    tmp_path.write_text(json.dumps(captures, separators=(",", ":")))
+    os.replace(tmp_path, captures_path)
+    meta = {"ranks_captured": len(captured), "templates": len(captures["templates"]),
+            "capture_wall_s": time.perf_counter() - start, "rank_capture_s": seconds, "torch": version,
+            "script": str(path.resolve()), "args": script_args, "nnodes": nnodes, "nproc_per_node": nproc}  # fmt: skip
+    meta_path.write_text(json.dumps(meta, indent=1))
+    _write_run_file(run_file, path, cluster_ref, nnodes, nproc, captures_path)
+    return Captured(captures_path, run_file, world, len(captured), len(captures["templates"]), False,
+                    meta["capture_wall_s"], seconds)  # fmt: skip
+
+
+def _assemble(captured: dict[int, dict], world: int, uniform: bool) -> dict:
+    """The capture set: one template per distinct stream (up to groups), each rank's template, and
+    the groups of the ranks whose groups differ from their template's."""
+    templates: list[dict] = []
+    by_key: dict[str, int] = {}
+    rank_template = [0] * world
+    rank_groups: dict[str, list] = {}
+    for rank in sorted(captured):
+        records = captured[rank]
+        key = _ops_key(records)
+        index = by_key.get(key)
+        if index is None:
+            index = by_key[key] = len(templates)
+            templates.append({"ops": records["ops"], "frames": records["frames"], "groups": records["groups"],
+                              "peak_bytes": records["peak_bytes"], "iterations": records["iterations"],
+                              "captured_from": rank})  # fmt: skip
+        elif records["groups"] != templates[index]["groups"]:
+            rank_groups[str(rank)] = records["groups"]
+        rank_template[rank] = index
+    if uniform:  # every rank runs the probes' stream: the ranks not captured take it
+        rank_template = [0] * world
+    else:
+        missing = [r for r in range(world) if r not in captured]
+        assert not missing, f"ranks {missing[:8]} not captured"
+    return {"world_size": world, "templates": templates, "rank_template": rank_template, "rank_groups": rank_groups,
+            "uniform": uniform}  # fmt: skip
+
+
+def _write_run_file(run_file: Path, script: Path, cluster: str, nnodes: int, nproc: int, captures: Path) -> None:
+    """The run file of the replay: the cluster, and the replay program with the capture set."""
+    run_file.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"# emulator torchrun {script.name}: the replay of its captured ranks (emulator/workloads/replay.py)\n"
+            f"name: {json.dumps(script.stem)}\n"
+            f"cluster: {json.dumps(cluster)}\n"
+            f"program: {json.dumps(f'{REPLAY_PROGRAM}:program')}\n"
+            f"program_args: {{capture: {json.dumps(str(captures))}}}\n")  # fmt: skip
+    run_file.write_text(text)
+
+
+def replay_config(captured: Captured, nnodes: int, nproc: int, overrides: list[str] = ()):
+    """The run config of the replay (``emulator run`` of the run file, the world layout set, then
+    the ``--set`` overrides: the network's algorithms, faults, engine knobs)."""
+    for text in overrides:
+        if text.split("=", 1)[0].strip() in ("cluster.nodes", "cluster.gpus_per_node", "program", "program_args"):
+            raise ConfigError(f"torchrun: --set {text}: the world layout is --nnodes and --nproc-per-node, the "
+                              f"program is the capture")  # fmt: skip
+    return load_run(captured.run_file, [f"cluster.nodes={nnodes}", f"cluster.gpus_per_node={nproc}", *overrides])

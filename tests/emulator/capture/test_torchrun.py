@@ -1,0 +1,220 @@
+"""``emulator torchrun``: capture of real PyTorch scripts (torch, CPU build) and their replay.
+
+    python -m pytest -q tests/emulator/capture
+
+Each test writes a small script and runs it on 2-4 virtual GPUs; the captures go to a fresh cache.
+The core package without torch is tested too (it must not need it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from emulator.capture import torchrun
+from emulator.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+HEADER = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMULATOR_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + textwrap.dedent(body))
+    return path
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def _torchrun(capsys, path: Path, *extra: str, nproc: int = 2) -> tuple[int, str, str]:
+    code = main(["torchrun", "--cluster", "dgx-h100-ndr", "--nnodes", "1", "--nproc-per-node", str(nproc),
+                 "--metrics-grace-s", "0", "--quiet", *extra, str(path)])  # fmt: skip
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_core_package_and_cli_work_without_torch():
+    # torch made unimportable: the package, its CLI and a run still work, and nothing imports torch
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None
+        import emulator
+        from emulator.cli import build_parser, main
+        build_parser().parse_args(["torchrun", "--nproc-per-node", "2", "x.py"])
+        assert main(["check", "configs/examples/data-parallel.yaml"]) == 0
+        r = emulator.run("configs/examples/data-parallel.yaml", overrides={"program_args.iterations": 1})
+        assert r.summary["world_size"] == 32
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_a_training_step_is_captured_and_replayed(tmp_path, capsys):
+    path = _script(tmp_path, """
+        model = torch.nn.Linear(1024, 1024, bias=False).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            x = torch.randn(512, 1024, device="cuda")
+            model(x).sum().backward()
+            dist.all_reduce(model.weight.grad)
+            opt.step()
+    """)
+    out_dir = tmp_path / "run"
+    code, out, err = _torchrun(capsys, path, "--out", str(out_dir))
+    assert code == 0, err
+    # emulator run's result line
+    assert out.startswith("train: 2 GPUs, virtual ") and f"-> {out_dir}/summary.json" in out
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["iterations"] == 2
+    captures = json.loads(next((tmp_path / "cache").glob("*/captures.json")).read_text())
+    ops = captures["templates"][0]["ops"]
+    matmuls = [op for op in ops if op[0] == "C" and op[4] == "matmul"]
+    # forward x @ W^T and the weight gradient: 2 * 512 * 1024 * 1024 FLOPs each, every iteration
+    assert [op[2] for op in matmuls] == [2 * 512 * 1024 * 1024] * 4
+    colls = [op for op in ops if op[0] == "K"]
+    assert [(op[1], op[2]) for op in colls] == [("all_reduce", 4 * 1024 * 1024)] * 2
+    assert captures["templates"][0]["groups"] == [[0, 1]]
+    # the rank's peak holds at least the weights, their gradient and the input
+    assert captures["templates"][0]["peak_bytes"] >= 3 * 4 * 1024 * 1024
+    assert main(["report", str(out_dir)]) == 0
+
+
+def test_identical_ranks_are_captured_once_and_different_ones_each(tmp_path):
+    same = _script(tmp_path, """
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w)
+    """, "same.py")  # fmt: skip
+    captured = torchrun.capture(str(same), [], 2, 4, "dgx-h100-ndr", quiet=True)
+    assert (captured.ranks_captured, captured.templates) == (len(torchrun.probe_ranks(8, 4)), 1)
+    differ = _script(tmp_path, """
+        x = torch.ones(64 * (1 + rank), device="cuda") * 2  # each rank's own kernel size
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w)
+    """, "differ.py")  # fmt: skip
+    captured = torchrun.capture(str(differ), [], 1, 4, "dgx-h100-ndr", quiet=True)
+    assert (captured.ranks_captured, captured.templates) == (4, 4)
+
+
+def test_an_unchanged_rerun_reuses_the_capture_and_an_edit_recaptures(tmp_path, monkeypatch):
+    path = _script(tmp_path, """
+        w = torch.zeros(1024, device="cuda")
+        dist.all_reduce(w)
+    """)
+    first = torchrun.capture(str(path), [], 1, 2, "dgx-h100-ndr", quiet=True)
+    assert not first.from_cache
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("recaptured")
+
+    monkeypatch.setattr(torchrun, "_capture_batch", no_capture)
+    again = torchrun.capture(str(path), [], 1, 2, "dgx-h100-ndr", quiet=True)
+    assert again.from_cache and again.path == first.path
+    with pytest.raises(AssertionError, match="recaptured"):  # other arguments: a new capture
+        torchrun.capture(str(path), ["--steps", "3"], 1, 2, "dgx-h100-ndr", quiet=True)
+    path.write_text(path.read_text() + "dist.all_reduce(w)\n")
+    with pytest.raises(AssertionError, match="recaptured"):  # an edited script: a new capture
+        torchrun.capture(str(path), [], 1, 2, "dgx-h100-ndr", quiet=True)
+
+
+def test_a_script_that_raises_is_one_line_with_its_location(tmp_path, capsys):
+    path = _script(tmp_path, """
+        def build():
+            raise ValueError("hidden size must divide by heads")
+        build()
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 2
+    line = _line_of(path, "raise ValueError")
+    assert err.strip() == (f"error: rank 0: train.py:{line}: the script raised ValueError: hidden size must divide "
+                           f"by heads (and 1 more rank(s))")  # fmt: skip
+
+
+def test_mismatched_send_recv_order_deadlocks_with_the_script_line(tmp_path, capsys):
+    path = _script(tmp_path, """
+        buf = torch.zeros(1024, device="cuda")
+        peer = 1 - rank
+        dist.recv(buf, src=peer)   # both ranks receive first: neither sends
+        dist.send(buf, dst=peer)
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 2
+    line = _line_of(path, "dist.recv")
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("error: deadlock: rank(s) 0-1 blocked forever")
+    assert f"rank 0 waits at train.py:{line} for a receive from rank 1" in err
+
+
+def test_a_collective_mismatch_names_the_script_lines_and_ranks(tmp_path, capsys):
+    path = _script(tmp_path, """
+        buf = torch.zeros(1024, device="cuda")
+        if rank == 0:
+            dist.all_reduce(buf)
+        else:
+            out = torch.zeros(2048, device="cuda")
+            dist.all_gather_into_tensor(out, buf)
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    reduce_line, gather_line = _line_of(path, "dist.all_reduce"), _line_of(path, "all_gather_into_tensor")
+    assert (f"collective mismatch: rank 1 issued all_gather (8192 B) at train.py:{gather_line} but rank(s) 0 "
+            f"issued all_reduce (4096 B) at train.py:{reduce_line}") in err  # fmt: skip
+
+
+def test_torch_cuda_answers_as_the_clusters_gpu(tmp_path, capsys):
+    path = _script(tmp_path, """
+        props = torch.cuda.get_device_properties(0)
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 2, torch.cuda.device_count()
+        assert props.name == "NVIDIA h100-sxm-80gb" and props.total_memory > 80e9, props
+        before = torch.cuda.memory_allocated()
+        x = torch.empty(1 << 20, device="cuda")
+        assert torch.cuda.memory_allocated() - before == 4 << 20
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            y = x * 2
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        dist.all_reduce(y)
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 0, err
+
+
+def test_transformer_encoder_layer_captures_in_training_and_inference(tmp_path, capsys):
+    path = _script(tmp_path, """
+        layer = torch.nn.TransformerEncoderLayer(256, 4, batch_first=True).cuda()
+        x = torch.randn(2, 64, 256, device="cuda")
+        layer(x).sum().backward()
+        dist.all_reduce(layer.linear1.weight.grad)
+        layer.eval()
+        with torch.no_grad():  # the fused inference fast path
+            layer(x)
+    """)
+    code, out, err = _torchrun(capsys, path)
+    assert code == 0, err
