@@ -260,10 +260,16 @@ class Estimator:
                     layer_reduce += self.collective_ns("all_reduce", grad_bytes // shard,
                                                        layout.replica_group(first_rank, shard))  # fmt: skip
             # the data-parallel group inside the tensor group's node: both on the same scale-up ports
-            shared = p.tensor > 1 and replicas > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
+            # (and so are the context group's K/V exchanges when it lies in that node too)
+            one_node = replicas > 1 and len({self.topo.rank_node[r] for r in dp_group}) == 1
+            shared = p.tensor > 1 and one_node
+            gathers_shared = one_node and (p.tensor > 1 or p.context > 1)
+            port_groups = {"cp": others["cp"]} if one_node and p.context > 1 else None
             if gather:
-                fwd_lead, fwd_tp = collective_lead_ns(segs.layer_forward, tp_ns) if shared else (None, 0)
-                bwd_lead, bwd_tp = collective_lead_ns(segs.layer_backward, tp_ns) if shared else (None, 0)
+                fwd_lead, fwd_tp = (collective_lead_ns(segs.layer_forward, tp_ns, port_groups)
+                                    if gathers_shared else (None, 0))  # fmt: skip
+                bwd_lead, bwd_tp = (collective_lead_ns(segs.layer_backward, tp_ns, port_groups)
+                                    if gathers_shared else (None, 0))  # fmt: skip
                 chunk_passes = [(zero3_pass_ns(fwd, gather, n, fwd_lead, fwd_tp),
                                  zero3_pass_ns(bwd, gather + layer_reduce, n, bwd_lead, bwd_tp)
                                  + (layer_reduce if n else 0)) for n in chunk_layers]  # fmt: skip

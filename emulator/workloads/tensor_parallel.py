@@ -196,14 +196,15 @@ def segments_time_ns(segments: list[tuple], collective_ns, group_ns: dict | None
     return now, compute
 
 
-def collective_lead_ns(segments: list[tuple], collective_ns) -> tuple[int, int]:
-    """(compute before the first tensor collective, summed durations of the tensor collectives) of
-    fused segments; ``collective_ns(op, size_bytes)`` times a collective."""
+def collective_lead_ns(segments: list[tuple], collective_ns, group_ns: dict | None = None) -> tuple[int, int]:
+    """(compute before the first collective, summed durations of the collectives) of fused
+    segments: the tensor group's, timed by ``collective_ns(op, size_bytes)``, and those of the groups
+    ``group_ns`` times by name (e.g. context ``"cp"``)."""
     lead, first, total = 0, True, 0
     for seg in segments:
         if seg[0] == "c" and first:
             lead += seg[2]
-        elif seg[0] == "m" and seg[5] == "tp":
+        elif seg[0] == "m" and (seg[5] == "tp" or seg[5] in (group_ns or {})):
             first = False
-            total += collective_ns(seg[2], seg[3])
+            total += (collective_ns if seg[5] == "tp" else group_ns[seg[5]])(seg[2], seg[3])
     return lead, total

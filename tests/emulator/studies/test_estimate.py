@@ -136,3 +136,14 @@ def test_heterogeneous_pipeline_within_2_percent():
         emulated = run(config, trace_ranks="none").summary["iteration_time_s"]
         estimated = estimate(config).iteration_time_s
         assert abs(estimated - emulated) / emulated < 0.02, (layers, estimated, emulated)
+
+
+def test_context_exchange_and_zero3_gathers_share_one_nodes_ports():
+    """TP 1 x CP 2 x DP 4 with ZeRO-3 on one DGX A100: the K/V exchange and the weight gathers take
+    turns on the same NVLink ports; the estimate follows the emulation (it was 16.5% fast when it
+    left the context group out)."""
+    config = load_config(ROOT / "configs" / "runs" / "megatron-22b-8gpu.yaml",
+                         {"parallel.tensor": 1, "parallel.context": 2, "parallel.data": 4, "parallel.zero_stage": 3,
+                          "parallel.sequence_parallel": False, "training.micro_batch_size": 1})  # fmt: skip
+    emulated = run(config, trace_ranks="none").summary["iteration_time_s"]
+    assert estimate(config).iteration_time_s == pytest.approx(emulated, rel=0.03)

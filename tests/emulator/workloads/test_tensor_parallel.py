@@ -30,6 +30,10 @@ def test_segments_time_mirrors_launch_order():
     times[("reduce_scatter", 20)] = 10
     assert segments_time_ns(segments, lambda op, size: times[(op, size)])[0] == 100 + 7 + 50 + 30
     assert collective_lead_ns(segments, lambda op, size: times[(op, size)]) == (100, 17)
+    # a context exchange first: the lead ends there, and its time counts with the named groups only
+    with_cp = [("c", "qkv", 40, 0.0), ("m", "attention.cp_kv", "all_gather", 5, False, "cp"), *segments]
+    assert collective_lead_ns(with_cp, lambda op, size: times[(op, size)]) == (140, 17)
+    assert collective_lead_ns(with_cp, lambda op, size: times[(op, size)], {"cp": lambda op, size: 3}) == (40, 20)
 
 
 def test_boundary_collective_all_reduce_or_split_in_two():
