@@ -493,7 +493,8 @@ def eager_rmsnorm_backward(name: str, rows: int, h: int, e: int) -> list[Op]:
     dy*w (2e), the weight's gradient dy*y then its sum over tokens (3e + e), the cast to fp32
     (e + 4), d(x*r) = dy*r (8) and the row sums of dy*x (12 + 4), mean's backward (an expand
     divided by h, 4), pow's backward (x^1, times 2, times the gradient: 8 + 8 + 12), the two
-    gradients of x summed (12) and cast back (4 + e); rsqrt's and add's backward are per row."""
+    gradients of x summed (12) and cast back (4 + e); rsqrt's backward is three per-row kernels.
+    The kernels torch dispatches, one for one (tests/emulator/workloads/test_eager_kernels.py)."""
     m = rows * h
     return [
         _mem(f"{name}.backward.mul_weight", 2 * e * m),
@@ -503,7 +504,9 @@ def eager_rmsnorm_backward(name: str, rows: int, h: int, e: int) -> list[Op]:
         _mem(f"{name}.backward.mul_rsqrt", 8 * m + 4 * rows),
         _mem(f"{name}.backward.rsqrt_grad_mul", 12 * m),
         _mem(f"{name}.backward.rsqrt_grad_sum", 4 * m + 4 * rows),
-        _mem(f"{name}.backward.rsqrt", 12 * rows),
+        _mem(f"{name}.backward.rsqrt.pow", 8 * rows),  # d rsqrt(v) = -0.5 v^-1.5: three per-row kernels
+        _mem(f"{name}.backward.rsqrt.scale", 8 * rows),
+        _mem(f"{name}.backward.rsqrt.mul", 12 * rows),
         _mem(f"{name}.backward.mean", 4 * m + 4 * rows),
         _mem(f"{name}.backward.pow", 8 * m),
         _mem(f"{name}.backward.pow_scale", 8 * m),
@@ -513,10 +516,12 @@ def eager_rmsnorm_backward(name: str, rows: int, h: int, e: int) -> list[Op]:
     ]
 
 
-def _rope_ops(name: str, elements: int, e: int) -> list[Op]:
-    """torchtitan's apply_rotary_emb on one tensor, forward or backward alike: cast to fp32 (e + 4),
-    the complex product with the frequencies (reads 4, writes 4), cast back (4 + e)."""
-    return [_mem(f"{name}.to_fp32", (e + 4) * elements), _mem(f"{name}.complex_mul", 8 * elements),
+def _rope_ops(name: str, elements: int, e: int, conj_bytes: int = 0) -> list[Op]:
+    """torchtitan's apply_rotary_emb on one tensor: cast to fp32 (e + 4), the complex product with
+    the frequencies (reads 4, writes 4), cast back (4 + e); its backward is the same three kernels,
+    after a copy of the conjugated frequencies (``conj_bytes``: read and written, per rank's tokens)."""
+    conj = [_mem(f"{name}.conj_freqs", conj_bytes)] if conj_bytes else []
+    return [*conj, _mem(f"{name}.to_fp32", (e + 4) * elements), _mem(f"{name}.complex_mul", 8 * elements),
             _mem(f"{name}.to_input_dtype", (4 + e) * elements)]  # fmt: skip
 
 
@@ -540,7 +545,10 @@ def _eager_qk_backward(shape: LayerShape) -> list[Op]:
     if shape.num_kv_heads < shape.num_attention_heads:
         ops += [_mem(f"attention.repeat_kv.{x}.backward", e * (kv + q)) for x in ("k", "v")]
     if shape.rope:
-        ops += [*_rope_ops("attention.rope_q.backward", q, e), *_rope_ops("attention.rope_k.backward", kv, e)]
+        # the complex64 frequencies of the rank's tokens, s/c x d/2 of 8 bytes, read and written
+        conj = 2 * 8 * (shape.seq_length // shape.context_parallel) * (shape.head_dim // 2)
+        ops += [*_rope_ops("attention.rope_q.backward", q, e, conj),
+                *_rope_ops("attention.rope_k.backward", kv, e, conj)]
     if shape.bias:
         n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
         ops += [_mem("attention.qkv_split.backward.stack", 2 * e * n * shape.qkv_width),

@@ -216,8 +216,11 @@ def test_gpt_neox_20b_step_is_a_prediction_within_15_percent():
 
 
 def test_torchtitan_config_fits_the_96gb_gpu_it_ran_on():
+    """With torchtitan's per-op checkpointing, eager kernels and FSDP2's root unit the memory model
+    comes within 3% of the peaks torchtitan reports (82.4 and 67.0 GiB; 82.95 and 67.18 here)."""
     from emulator.workloads.memory import stage_memory
 
-    for gpus, global_batch, *_ in TORCHTITAN_8B:
+    for gpus, global_batch, _, memory_gib in TORCHTITAN_8B:
         memory = stage_memory(torchtitan_config(gpus, global_batch), 0)
         assert memory.capacity_bytes == 96 * 2**30 and memory.peak_bytes < memory.capacity_bytes
+        assert memory.peak_bytes / 2**30 == pytest.approx(memory_gib, rel=0.03)
