@@ -19,7 +19,8 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
 from emulator.workloads.pipeline import in_flight, layers_of_stage, layers_on_stage
 from emulator.workloads.segments import layer_shape
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer, vocab_rows
+from emulator.workloads.tensor_parallel import activation_bytes_per_layer as table2_activation_bytes
+from emulator.workloads.tensor_parallel import vocab_rows
 
 GiB = 2**30
 
@@ -54,6 +55,15 @@ def stepped_params(config, stage: int) -> int:
         return dense + experts
     return dpar.optimizer_params(dense, p.zero_stage, dpar.shard_size(config)) + dpar.optimizer_params(
         experts, p.zero_stage, dpar.expert_replicas(config))
+
+
+def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
+    """Activations one layer keeps per rank and microbatch: Korthikanti's Table 2 terms
+    (tensor_parallel.activation_bytes_per_layer), or under torchtitan's per-op checkpointing the
+    bytes of what its policy saves (layer_costs.op_selective_saved_bytes)."""
+    if (recompute or config.training.recompute) == lc.OP_SELECTIVE:
+        return lc.op_selective_saved_bytes(layer_shape(config))
+    return table2_activation_bytes(config, recompute)
 
 
 def logits_bytes(config) -> int:

@@ -29,6 +29,7 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads import pipeline as pipe
 from emulator.workloads.layout import layout_of
 from emulator.workloads.memory import (
+    activation_bytes_per_layer,
     expert_params_on_rank,
     logits_bytes,
     params_on_rank,
@@ -40,7 +41,7 @@ from emulator.workloads.memory import (
 )
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_prepared, prepare_segments
+from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments
 
 
 def training_program(config):

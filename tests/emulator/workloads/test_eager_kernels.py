@@ -10,8 +10,7 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.errors import ConfigError
 from emulator.workloads import layer_costs as lc
-from emulator.workloads.memory import logits_bytes
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer
+from emulator.workloads.memory import activation_bytes_per_layer, logits_bytes
 from tests.conftest import CONFIGS
 from tests.emulator.workloads.collectives import collective_calls
 
