@@ -248,3 +248,20 @@ def test_eager_rope_and_swiglu_are_the_kernels_torch_dispatches():
     # our product's backward is one entry for its two kernels (dy*up and dy*silu)
     assert len(dispatched) == 3
     assert sum(op.bytes_moved for op in ours) == sum(b for _, b in dispatched)
+
+
+@pytest.mark.parametrize("shards", [2, 4])
+def test_eager_op_selective_zero3_identical_on_any_shard_count(shards):
+    """A torchtitan-like run (Llama layers, per-op checkpointing, eager kernels, ZeRO-3 with its root
+    unit, two microbatches): the same fingerprint on 1, 2 and 4 shards."""
+    from emulator.backends.inline import run_inline
+    from emulator.engine.result import fingerprint
+    from netmodel.topology import Topology
+
+    config = load_run(LLAMA_8B_RUN, ["cluster.nodes=2", "parallel.tensor=1", "parallel.pipeline=1",
+                                     "parallel.data=16", "parallel.zero_stage=3", "model.num_layers=2",
+                                     "training.seq_length=1024", "training.global_batch_size=32",
+                                     "training.recompute=op_selective", "training.kernels=eager",
+                                     "training.attention=flash"])  # fmt: skip
+    topo = Topology(config.cluster)
+    assert fingerprint(run_inline(config, topo, shards)) == fingerprint(run_inline(config, topo, 1))
