@@ -8,7 +8,10 @@ segments with the tensor-parallel collectives between them, and sends the result
 backward pass of the last microbatch, gradients are reduced over the data-parallel group in
 buckets while the rest of the backward still runs (all-reduce, or reduce-scatter with ZeRO >= 1);
 then the optimizer steps over the rank's shard and ZeRO 1-2 all-gather the updated weights. ZeRO-3
-gathers every layer's weights before its forward and backward (one layer ahead).
+gathers every layer's weights before its forward and backward (one layer ahead) and reduce-scatters
+its gradients after its backward (after FSDP2's copy-in); FSDP2's root unit (embedding, output
+layer, final norm) is gathered before a microbatch's first forward and reduce-scattered after its
+backward.
 
 What each technique sends, holds and in which order comes from its module, shared with the
 closed-form estimate and the planner: pipeline.py (schedules, stages, messages), data_parallel.py
