@@ -154,7 +154,13 @@ class TrainingConfig:
     micro_batch_size: int = 1
     global_batch_size: int | None = None  # default: micro_batch_size * data
     seq_length: int = 2048
-    recompute: Literal["none", "selective", "full"] = "none"
+    # "op_selective": torchtitan's per-op selective checkpointing (saves the outputs of every other
+    # GEMM without a bias and of the fused attention kernel, reruns the rest; layer_costs.py)
+    recompute: Literal["none", "selective", "full", "op_selective"] = "none"
+    # "fused": the fused kernels of Megatron-LM / Transformer Engine (or torch.compile); "eager":
+    # eager PyTorch, every elementwise op of the model definition its own kernel through HBM and the
+    # loss in fp32 (layer_costs.py eager_*)
+    kernels: Literal["fused", "eager"] = "fused"
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     iterations: int = 1
 
@@ -177,6 +183,18 @@ class TrainingConfig:
         require_range(self, path, "global_batch_size", 1, lim.MAX_GLOBAL_BATCH_SIZE)
         require_range(self, path, "seq_length", 1, lim.MAX_SEQ_LENGTH)
         require_range(self, path, "iterations", 1, lim.MAX_ITERATIONS)
+
+
+def check_eager_recipes(p, m, t) -> None:
+    """training.kernels: eager and recompute: op_selective are modelled as torchtitan's and the
+    reference scripts' data-parallel (FSDP) layer: one line naming the key when asked for more."""
+    for key, on in (("training.kernels: eager", t.kernels == "eager"),
+                    ("training.recompute: op_selective", t.recompute == "op_selective")):  # fmt: skip
+        if not on:
+            continue
+        for name, value in (("parallel.tensor", p.tensor), ("parallel.context", p.context)):
+            require(value == 1, f"{key} is modelled without tensor or context parallelism; got {name} = {value}")
+        require(not m.experts, f"{key} is modelled for dense models; got model.num_experts = {m.experts}")
 
 
 @dataclass
@@ -596,6 +614,7 @@ class RunConfig:
         p.data = data
         m, t = self.model, self.training
         check_context(p, m, t)
+        check_eager_recipes(p, m, t)
         check_data_parallel_knobs(p)
         check_experts(p, m)
         require(

@@ -208,7 +208,8 @@ for _spec in (
     ),
     # The 96 GB HBM2e H100 of torchtitan's published runs (published.yaml torchtitan_llama31_8b_fsdp:
     # 96 GB, 2.4 TB/s, 500 W power limit): the same GH100 peak and GEMM efficiency are assumed; its
-    # power cap lowers sustained clocks by an amount no published figure gives, so it is not modelled.
+    # power cap lowers sustained clocks by an amount no published figure gives (torchtitan's benchmark
+    # note: its peak lies between the SXM and NVL parts' and is not known), so no derating is applied.
     make_gpu(
         "h100-sxm-96gb",
         {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7, "fp8": 1978.9},

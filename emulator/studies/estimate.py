@@ -49,6 +49,7 @@ from emulator.workloads.memory import (
     params_on_rank,
     stage_memory,
     stepped_params,
+    zero3_root_params,
 )
 from emulator.workloads.metrics import model_flops_per_iteration
 from emulator.workloads.pipeline import pipeline_ns, schedule_walk_ns
@@ -249,9 +250,26 @@ class Estimator:
             layers = max(chunk_layers)
             fwd, fwd_c = segments_time_ns(segs.layer_forward, tp_ns, others)
             bwd, bwd_c = segments_time_ns(segs.layer_backward, tp_ns, others)
-            gather = layer_reduce = 0
+            gather = layer_reduce = root_ns = root_c = 0
             if zero3:
                 shard_group = layout.shard_group(first_rank, shard)
+                # FSDP2's copy-in before each unit's reduce-scatter: compute of the layer's backward
+                copy_in = sum(seg[2] for seg in dpar.zero3_copy_in_segments(
+                    lc.dense_params_per_rank(shape), get_gpu(gpu_name), t.precision, dpar.config_grad_bytes(config)))
+                bwd, bwd_c = bwd + copy_in, bwd_c + copy_in
+                # the root unit of this stage: gathered before its first forward, its gradients copied
+                # in and reduce-scattered after its backward, each waited for (once per microbatch)
+                root_params = zero3_root_params(config, s)
+                if root_params:
+                    root_c = sum(seg[2] for seg in dpar.zero3_copy_in_segments(
+                        root_params, get_gpu(gpu_name), t.precision, dpar.config_grad_bytes(config)))
+                    root_grads = root_params * dpar.config_grad_bytes(config)
+                    root_ns = root_c + self.collective_ns(
+                        "all_gather", root_params * dpar.weight_bytes_per_param(t.precision), shard_group)
+                    root_ns += self.collective_ns("reduce_scatter", root_grads, shard_group)
+                    if shard < replicas:
+                        root_ns += self.collective_ns("all_reduce", root_grads // shard,
+                                                      layout.replica_group(first_rank, shard))  # fmt: skip
                 gather = self.collective_ns("all_gather", gather_bytes, shard_group)
                 # FSDP2: each layer's gradients reduce-scattered after its backward (then all-reduced
                 # across the replicas with hybrid sharding), on the stream of the gathers
@@ -293,6 +311,9 @@ class Estimator:
                     ns, c = segments_time_ns(part, tp_ns, others)
                     extra, extra_c = extra + ns, extra_c + c
                     direction[s][chunk] += ns
+            if root_ns:
+                extra, extra_c = extra + root_ns, extra_c + root_c
+                backward_ns[s][0] += root_ns
             per_micro = sum(f + b for f, b in chunk_passes) + extra
             chunk_ns.append(per_micro // chunks)
             forward_chunk_ns.append(stage_fwd)

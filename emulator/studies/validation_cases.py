@@ -123,8 +123,10 @@ LLAMA3_CHUNKS = 8
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3 (2024-12)"
 
 # Llama 3.1 8B (configs/models/llama3-8b.yaml) under FSDP2 full sharding on the 96 GB H100 (500 W,
-# HBM2e 2.4 TB/s), sequence 8192, local batch 2, selective activation checkpointing, bf16 with fp32
-# gradient reduction (torchtitan's default, assumed); tokens per second per GPU, eager mode.
+# HBM2e 2.4 TB/s), sequence 8192, local batch 2, selective activation checkpointing (torchtitan's
+# llama3_8b.toml: selective_ac_option "op", the per-op policy: training.recompute op_selective), bf16
+# with fp32 gradient reduction (torchtitan's default, assumed); tokens per second per GPU, eager
+# mode (training.kernels eager).
 TORCHTITAN_8B = [
     # gpus, global batch, tokens/s per GPU, memory GiB
     (8, 16, 5762, 82.4),

@@ -161,6 +161,27 @@ def zero3_unit_buffers_bytes(layer_params: int, precision: str, grad_bytes: int)
     return 2 * zero3_gather_bytes(layer_params, precision) + layer_params * grad_bytes
 
 
+def zero3_copy_in_segments(unit_params: int, spec, precision: str, grad_bytes: int) -> list[tuple]:
+    """FSDP2's copy-in before a unit's reduce-scatter (``chunk_cat``): one kernel reading the unit's
+    unsharded gradients in the weights' dtype and writing them, in the reduce dtype, into the
+    reduce-scatter's input buffer (configs/torch/fsdp_gpt.py's capture records it per unit)."""
+    moved = unit_params * (weight_bytes_per_param(precision) + grad_bytes)
+    return to_segments([lc.Op("zero3.reduce_scatter.copy_in", "elementwise", bytes_moved=float(moved))], spec,
+                       precision)  # fmt: skip
+
+
+def zero3_root_params(config, stage: int, extra_params: int) -> int:
+    """FSDP2's root unit on a stage under ZeRO-3: the parameters outside the layers (the embedding,
+    the output layer; ``extra_params``) and, on the last stage, the final norm, gathered once per
+    microbatch and held through its forward and backward (FSDP2 does not reshard the root after
+    forward), their gradients reduce-scattered after its backward. 0 without ZeRO-3 sharding."""
+    if not gathers_every_layer(config.parallel.zero_stage) or shard_size(config) < 2:
+        return 0
+    m = config.model
+    final_norm = (2 if m.add_bias_linear else 1) * m.hidden_size if stage == config.parallel.pipeline - 1 else 0
+    return extra_params + final_norm if extra_params else 0
+
+
 def param_gather_buckets(layers: int, layer_bytes: int, bucket_bytes: int,
                          extra_bytes: int = 0) -> list[tuple[int, int]]:  # fmt: skip
     """ZeRO 1-2's weight all-gathers overlapped with the forward: ``[(first layer, bytes)]`` in

@@ -34,7 +34,11 @@ from emulator.workloads import tensor_parallel as tp
 from emulator.workloads.context_parallel import kv_gather_bytes
 from emulator.workloads.tensor_parallel import is_overlapped
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full")  # the modes the planner searches
+# torchtitan's per-op selective activation checkpointing (op_selective_saved_bytes): a mode of its own,
+# for eager PyTorch recipes; not searched by the planner
+OP_SELECTIVE = "op_selective"
+ALL_RECOMPUTE_MODES = (*RECOMPUTE_MODES, OP_SELECTIVE)
 MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
 
 
@@ -63,6 +67,10 @@ class LayerShape:
     flash_attention: bool = False  # a fused causal attention kernel (training.attention: flash)
     tp_comm_overlap: bool = False  # TP all-gathers / reduce-scatters pipelined with their GEMMs
     dropout: bool = True  # Megatron's hidden and attention dropout (1-byte masks); Llama-style models have none
+    # eager PyTorch kernels (training.kernels: eager): every elementwise op of the model definition
+    # its own memory-bound kernel (eager_* functions below); False: the fused kernels of Megatron
+    eager_kernels: bool = False
+    rope: bool = False  # rotary position embedding applied to Q and K (an eager kernel chain; fused: free)
     # mixture of experts (experts.py): 0 experts is a dense MLP
     num_experts: int = 0
     moe_top_k: int = 2
@@ -223,21 +231,42 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     """The forward pass of one layer on one TP rank, in execution order."""
     n, n_rep, h, f, _, e = _dims(shape)
     t = shape.tensor_parallel
-    ops = [_mem("ln1", 2 * e * n_rep * h)]
+    ops = _norm_forward(shape, "ln1", n_rep)
     ops += _tp_comm(shape, "ln1.all_gather", "all_gather") if shape.sequence_parallel else []
     ops.append(_gemm("qkv", n, shape.qkv_width, h, e))
+    ops += _eager_qk_forward(shape) if shape.eager_kernels else []
     ops += _cp_exchange(shape, forward=True)
     ops += _core_attention_forward(shape)
     ops.append(_gemm("attention.out_proj", n, h, h // t, e))
     ops += _tp_comm(shape, "attention.out_proj.tp_reduce", "reduce_scatter")
-    ops.append(_mem("attention.bias_dropout_add", (3 * e + _mask(shape)) * n_rep * h))
-    ops.append(_mem("ln2", 2 * e * n_rep * h))
+    ops += _residual_forward(shape, "attention", n_rep)
+    ops += _norm_forward(shape, "ln2", n_rep)
     if shape.num_experts:
         ops += _moe_forward(shape)
     else:
         ops += _dense_mlp_forward(shape, "mlp", f)
-    ops.append(_mem("mlp.bias_dropout_add", (3 * e + _mask(shape)) * n_rep * h))
+    ops += _residual_forward(shape, "mlp", n_rep)
     return _overlap_tp(ops) if shape.tp_comm_overlap else ops
+
+
+def _residual_forward(shape: LayerShape, name: str, n_rep: int) -> list[Op]:
+    """The residual add after a branch: Megatron's fused bias-dropout-add, or eager PyTorch's add
+    (the bias is inside the GEMM, addmm) after a separate dropout kernel when there is dropout."""
+    e, h = shape.bytes_per_element, shape.hidden_size
+    if not shape.eager_kernels:
+        return [_mem(f"{name}.bias_dropout_add", (3 * e + _mask(shape)) * n_rep * h)]
+    dropout = [_mem(f"{name}.dropout", (2 * e + MASK_BYTES) * n_rep * h)] if shape.dropout else []
+    return [*dropout, _mem(f"{name}.residual_add", 3 * e * n_rep * h)]
+
+
+def _residual_backward(shape: LayerShape, name: str, n_rep: int) -> list[Op]:
+    """Fused: the bias-dropout-add backward; eager: the add passes its gradient on (no kernel), the
+    dropout's backward if any, and the row-parallel linear's bias gradient (a sum over tokens)."""
+    e, h = shape.bytes_per_element, shape.hidden_size
+    if not shape.eager_kernels:
+        return [_mem(f"{name}.bias_dropout_add.backward", (3 * e + _mask(shape)) * n_rep * h)]
+    ops = [_mem(f"{name}.dropout.backward", (2 * e + MASK_BYTES) * n_rep * h)] if shape.dropout else []
+    return ops + ([_mem(f"{name}.bias_grad", e * n_rep * h)] if shape.bias else [])
 
 
 def _dense_mlp_forward(shape: LayerShape, name: str, f: int) -> list[Op]:
@@ -247,8 +276,13 @@ def _dense_mlp_forward(shape: LayerShape, name: str, f: int) -> list[Op]:
     act_in = 2 * f if shape.gated_mlp else f  # fc1 output width on this rank
     ops = _tp_comm(shape, "ln2.all_gather", "all_gather") if shape.sequence_parallel else []
     ops.append(_gemm(f"{name}.fc1", n, act_in, h, e))
-    # Bias-GeLU reads and writes f; SwiGLU reads the gate and up halves and writes one.
-    ops.append(_mem(f"{name}.activation", e * n * (act_in + f)))
+    if shape.eager_kernels and shape.gated_mlp:
+        # silu(w1 x) * (w3 x): silu reads and writes f, the product reads two and writes one
+        ops += [_mem(f"{name}.silu", 2 * e * n * f), _mem(f"{name}.gate_mul", 3 * e * n * f)]
+    else:
+        # Bias-GeLU reads and writes f (eager: GELU alone, the bias inside addmm); SwiGLU reads the
+        # gate and up halves and writes one.
+        ops.append(_mem(f"{name}.activation", e * n * (act_in + f)))
     ops.append(_gemm(f"{name}.fc2", n, h, f, e))
     ops += _tp_comm(shape, f"{name}.fc2.tp_reduce", "reduce_scatter")
     return ops
@@ -261,8 +295,13 @@ def _dense_mlp_backward(shape: LayerShape, name: str, f: int) -> list[Op]:
     # Backward of the forward reduce-scatter (SP) is an all-gather; of the all-reduce, identity.
     ops = _tp_comm(shape, f"{name}.fc2.tp_gather.backward", "all_gather") if sp else []
     ops += _linear_backward(f"{name}.fc2", n, h, f, e, [], [])
-    # Activation backward reads dy and the saved input, writes dx; plus the fc1 bias gradient.
-    ops.append(_mem(f"{name}.activation.backward", e * n * (f + 2 * act_in + (act_in if shape.bias else 0))))
+    if shape.eager_kernels and shape.gated_mlp:
+        # the product's backward (two products, each reads two and writes one), silu_backward
+        # (reads dy and x, writes dx)
+        ops += [_mem(f"{name}.gate_mul.backward", 6 * e * n * f), _mem(f"{name}.silu.backward", 3 * e * n * f)]
+    else:
+        # Activation backward reads dy and the saved input, writes dx; plus the fc1 bias gradient.
+        ops.append(_mem(f"{name}.activation.backward", e * n * (f + 2 * act_in + (act_in if shape.bias else 0))))
     fc1_comm = _tp_comm(shape, f"{name}.fc1.tp_reduce.backward", "reduce_scatter")
     fc1_regather = _tp_comm(shape, "ln2.all_gather.recompute", "all_gather") if sp else []
     ops += _linear_backward(f"{name}.fc1", n, act_in, h, e, fc1_comm, fc1_regather)
@@ -396,10 +435,175 @@ def _linear_backward(name: str, n: int, n_out: int, n_in: int, e: int, comm: lis
     return [*regather, dgrad, *comm, _gemm(f"{name}.wgrad", n_out, n_in, n, e)]
 
 
-def _norm_backward(name: str, n_rep: int, h: int, e: int) -> list[Op]:
+def _norm_backward(name: str, n_rep: int, h: int, e: int, shape: LayerShape | None = None) -> list[Op]:
     # Apex layernorm backward: gamma/beta kernel reads dy and x, input-grad kernel reads dy and x
     # and writes dx. The residual branch's gradient is then added to the layer-input gradient.
-    return [_mem(f"{name}.backward", 5 * e * n_rep * h), _mem(f"{name}.residual_grad_add", 3 * e * n_rep * h)]
+    # Eager: nn.LayerNorm's one native backward kernel (reads dy and x, writes dx), or the autograd
+    # of torchtitan's RMSNorm (eager_rmsnorm_backward).
+    if shape is not None and shape.eager_kernels:
+        layernorm = [_mem(f"{name}.backward", 3 * e * n_rep * h)]
+        norm = layernorm if shape.bias else eager_rmsnorm_backward(name, n_rep, h, e)
+    else:
+        norm = [_mem(f"{name}.backward", 5 * e * n_rep * h)]
+    return [*norm, _mem(f"{name}.residual_grad_add", 3 * e * n_rep * h)]
+
+
+def _norm_forward(shape: LayerShape, name: str, n_rep: int) -> list[Op]:
+    """A normalisation: Apex's fused layernorm, nn.LayerNorm's one native kernel (eager, models with
+    biases), or torchtitan's RMSNorm as eager PyTorch runs it (models without)."""
+    e, h = shape.bytes_per_element, shape.hidden_size
+    if shape.eager_kernels and not shape.bias:
+        return eager_rmsnorm_forward(name, n_rep, h, e)
+    return [_mem(name, 2 * e * n_rep * h)]
+
+
+# Eager PyTorch (training.kernels: eager). Each aten op is its own kernel reading its inputs from HBM
+# and writing its output there; the op lists follow the two reference model definitions:
+# - models without biases (Llama): torchtitan's Llama (torchtitan/models/llama/model.py, norms.py,
+#   Dec 2024): RMSNorm as ``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w``,
+#   separate wq/wk/wv projections, rotary embedding by complex multiplication in fp32,
+#   ``repeat_kv`` (expand + reshape: a copy) for grouped-query attention, SwiGLU as
+#   ``w2(silu(w1 x) * w3 x)``, residual adds;
+# - models with biases (GPT): configs/torch/fsdp_gpt.py: nn.LayerNorm (one native kernel each way),
+#   one fused QKV Linear split by view/permute/unbind (whose backward stacks the Q/K/V gradients
+#   and copies them contiguous), GELU, the biases inside addmm (their gradients a sum over tokens).
+# Both compute the loss as cross_entropy(logits.float()) (eager_loss_ops). Byte counts take each
+# operand once; per-row scalars (n values) are counted as the small kernels they are.
+
+
+def eager_rmsnorm_forward(name: str, rows: int, h: int, e: int) -> list[Op]:
+    """torchtitan's RMSNorm forward over ``rows`` tokens of width ``h``: 8 kernels, (e + 4) + 8 + 4 +
+    8 + (4 + e) + 2e = 4e + 28 bytes per element (36 in bf16) and three per-row kernels."""
+    m = rows * h
+    return [
+        _mem(f"{name}.to_fp32", (e + 4) * m),
+        _mem(f"{name}.pow", 8 * m),
+        _mem(f"{name}.mean", 4 * m + 4 * rows),
+        _mem(f"{name}.add_eps", 8 * rows),
+        _mem(f"{name}.rsqrt", 8 * rows),
+        _mem(f"{name}.mul_rsqrt", 8 * m + 4 * rows),
+        _mem(f"{name}.to_input_dtype", (4 + e) * m),
+        _mem(f"{name}.mul_weight", 2 * e * m),
+    ]
+
+
+def eager_rmsnorm_backward(name: str, rows: int, h: int, e: int) -> list[Op]:
+    """Autograd of :func:`eager_rmsnorm_forward`: 8e + 76 bytes per element (92 in bf16).
+
+    dy*w (2e), the weight's gradient dy*y then its sum over tokens (3e + e), the cast to fp32
+    (e + 4), d(x*r) = dy*r (8) and the row sums of dy*x (12 + 4), mean's backward (an expand
+    divided by h, 4), pow's backward (x^1, times 2, times the gradient: 8 + 8 + 12), the two
+    gradients of x summed (12) and cast back (4 + e); rsqrt's backward is three per-row kernels.
+    The kernels torch dispatches, one for one (tests/emulator/workloads/test_eager_kernels.py)."""
+    m = rows * h
+    return [
+        _mem(f"{name}.backward.mul_weight", 2 * e * m),
+        _mem(f"{name}.backward.weight_grad_mul", 3 * e * m),
+        _mem(f"{name}.backward.weight_grad_sum", e * m),
+        _mem(f"{name}.backward.to_fp32", (e + 4) * m),
+        _mem(f"{name}.backward.mul_rsqrt", 8 * m + 4 * rows),
+        _mem(f"{name}.backward.rsqrt_grad_mul", 12 * m),
+        _mem(f"{name}.backward.rsqrt_grad_sum", 4 * m + 4 * rows),
+        _mem(f"{name}.backward.rsqrt.pow", 8 * rows),  # d rsqrt(v) = -0.5 v^-1.5: three per-row kernels
+        _mem(f"{name}.backward.rsqrt.scale", 8 * rows),
+        _mem(f"{name}.backward.rsqrt.mul", 12 * rows),
+        _mem(f"{name}.backward.mean", 4 * m + 4 * rows),
+        _mem(f"{name}.backward.pow", 8 * m),
+        _mem(f"{name}.backward.pow_scale", 8 * m),
+        _mem(f"{name}.backward.pow_grad_mul", 12 * m),
+        _mem(f"{name}.backward.grad_add", 12 * m),
+        _mem(f"{name}.backward.to_input_dtype", (4 + e) * m),
+    ]
+
+
+def _rope_ops(name: str, elements: int, e: int, conj_bytes: int = 0) -> list[Op]:
+    """torchtitan's apply_rotary_emb on one tensor: cast to fp32 (e + 4), the complex product with
+    the frequencies (reads 4, writes 4), cast back (4 + e); its backward is the same three kernels,
+    after a copy of the conjugated frequencies (``conj_bytes``: read and written, per rank's tokens)."""
+    conj = [_mem(f"{name}.conj_freqs", conj_bytes)] if conj_bytes else []
+    return [*conj, _mem(f"{name}.to_fp32", (e + 4) * elements), _mem(f"{name}.complex_mul", 8 * elements),
+            _mem(f"{name}.to_input_dtype", (4 + e) * elements)]  # fmt: skip
+
+
+def _eager_qk_forward(shape: LayerShape) -> list[Op]:
+    """Between the QKV projection and the attention kernel, eager: RoPE on Q and K, and
+    ``repeat_kv``'s copies of K and V when there are fewer K/V heads than query heads."""
+    e = shape.bytes_per_element
+    q, kv = _qkvo_elements(shape)
+    ops = [*_rope_ops("attention.rope_q", q, e), *_rope_ops("attention.rope_k", kv, e)] if shape.rope else []
+    if shape.num_kv_heads < shape.num_attention_heads:
+        ops += [_mem(f"attention.repeat_kv.{x}", e * (kv + q)) for x in ("k", "v")]
+    return ops
+
+
+def _eager_qk_backward(shape: LayerShape) -> list[Op]:
+    """The backward of :func:`_eager_qk_forward` (repeat_kv's: a sum over the copies), and for the
+    fused QKV of the GPT definition the stack and contiguous copy of the Q/K/V gradients."""
+    e = shape.bytes_per_element
+    q, kv = _qkvo_elements(shape)
+    ops = []
+    if shape.num_kv_heads < shape.num_attention_heads:
+        ops += [_mem(f"attention.repeat_kv.{x}.backward", e * (kv + q)) for x in ("k", "v")]
+    if shape.rope:
+        # the complex64 frequencies of the rank's tokens, s/c x d/2 of 8 bytes, read and written
+        conj = 2 * 8 * (shape.seq_length // shape.context_parallel) * (shape.head_dim // 2)
+        ops += [*_rope_ops("attention.rope_q.backward", q, e, conj),
+                *_rope_ops("attention.rope_k.backward", kv, e, conj)]
+    if shape.bias:
+        n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
+        ops += [_mem("attention.qkv_split.backward.stack", 2 * e * n * shape.qkv_width),
+                _mem("attention.qkv_split.backward.contiguous", 2 * e * n * shape.qkv_width),
+                _mem("qkv.bias_grad", e * n * shape.qkv_width)]  # fmt: skip
+    return ops
+
+
+def op_selective_gemms(shape: LayerShape) -> list[tuple[str, int, int]]:
+    """The GEMMs of torchtitan's block in forward order, as ``(name, output width, input width)``:
+    wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or fc1, fc2."""
+    h, t = shape.hidden_size, shape.tensor_parallel
+    q = shape.num_attention_heads // t * shape.head_dim
+    kv = max(1, shape.num_kv_heads // t) * shape.head_dim
+    f = shape.ffn_hidden_size // t
+    gemms = [("wq", q, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, q)]
+    mlp = [("w1", f, h), ("w3", f, h), ("w2", h, f)] if shape.gated_mlp else [("fc1", f, h), ("fc2", h, f)]
+    return gemms + mlp
+
+
+def op_selective_saved(shape: LayerShape) -> list[bool]:
+    """Which of :func:`op_selective_gemms` torchtitan's policy saves. Its ``_save_list`` holds
+    aten.mm (the outputs of every second one are recomputed: ``mm_count % 2 == 0``), the SDPA
+    flash/efficient kernels and reduce_scatter (torchtitan parallelize_llama.py, 2024-12; today's
+    adds max and other attention kernels); a linear with a bias is aten.addmm, not in the list, so
+    a model with biases saves none of its GEMMs."""
+    return [not shape.bias and i % 2 == 0 for i in range(len(op_selective_gemms(shape)))]
+
+
+def op_selective_saved_bytes(shape: LayerShape) -> int:
+    """Activation bytes one layer keeps under torchtitan's per-op checkpointing: the layer's input
+    (the checkpoint wrapper's), the outputs of the saved GEMMs and, with a fused attention kernel,
+    its output and fp32 log-sum-exp (the unfused scores are batched GEMMs, not saved). For a Llama
+    layer ``e*n*(4h + kv + f) + 4*n*a`` (n tokens, kv the K/V width, f the MLP width)."""
+    e = shape.bytes_per_element
+    n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
+    saved = e * n * shape.hidden_size
+    for (_, width, _), kept in zip(op_selective_gemms(shape), op_selective_saved(shape), strict=True):
+        saved += e * n * width if kept else 0
+    if shape.flash_attention:
+        q, _ = _qkvo_elements(shape)
+        saved += e * q + 4 * n * (shape.num_attention_heads // shape.tensor_parallel)
+    return saved
+
+
+def _op_selective_recompute(shape: LayerShape) -> list[Op]:
+    """What per-op checkpointing reruns when a layer's backward starts: every elementwise op of the
+    forward, the unfused attention's GEMMs and kernels, and the GEMMs the policy does not save."""
+    n, _, _, _, _, e = _dims(shape)
+    ops = [replace(op, name=f"recompute.{op.name}") for op in forward_ops(shape)
+           if op.kind == "elementwise" or (op.kind == "attention" and not shape.flash_attention)]  # fmt: skip
+    for (name, width, k), kept in zip(op_selective_gemms(shape), op_selective_saved(shape), strict=True):
+        if not kept:
+            ops.append(_gemm(f"recompute.{name}", n, width, k, e))
+    return ops
 
 
 def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
@@ -407,28 +611,32 @@ def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
 
     ``recompute``: 'none'; 'selective' reruns the core attention (scores, softmax, dropout,
     context; Korthikanti et al. 2022) just before its backward; 'full' reruns the whole forward,
-    TP collectives included, before the backward. ConfigError for another value.
+    TP collectives included, before the backward; 'op_selective' reruns what torchtitan's per-op
+    policy does not save (:func:`op_selective_saved`) when the layer's backward starts.
+    ConfigError for another value.
     """
-    if recompute not in RECOMPUTE_MODES:
-        raise ConfigError(f"unknown recompute mode '{recompute}'; known: {', '.join(RECOMPUTE_MODES)}")
+    if recompute not in ALL_RECOMPUTE_MODES:
+        raise ConfigError(f"unknown recompute mode '{recompute}'; known: {', '.join(ALL_RECOMPUTE_MODES)}")
     n, n_rep, h, f, _, e = _dims(shape)
     t = shape.tensor_parallel
     sp = shape.sequence_parallel
     ops = [replace(op, name=f"recompute.{op.name}") for op in forward_ops(shape)] if recompute == "full" else []
+    ops += _op_selective_recompute(shape) if recompute == OP_SELECTIVE else []
     # Bias-dropout-add backward: read dy and mask, write dx, then the bias-gradient reduction reads dx.
-    ops.append(_mem("mlp.bias_dropout_add.backward", (3 * e + _mask(shape)) * n_rep * h))
+    ops += _residual_backward(shape, "mlp", n_rep)
     ops += _moe_backward(shape) if shape.num_experts else _dense_mlp_backward(shape, "mlp", f)
-    ops += _norm_backward("ln2", n_rep, h, e)
-    ops.append(_mem("attention.bias_dropout_add.backward", (3 * e + _mask(shape)) * n_rep * h))
+    ops += _norm_backward("ln2", n_rep, h, e, shape)
+    ops += _residual_backward(shape, "attention", n_rep)
     ops += _tp_comm(shape, "attention.out_proj.tp_gather.backward", "all_gather") if sp else []
     ops += _linear_backward("attention.out_proj", n, h, h // t, e, [], [])
     if recompute == "selective":
         ops += _core_attention_forward(shape, prefix="recompute.")
     ops += _core_attention_backward(shape)
+    ops += _eager_qk_backward(shape) if shape.eager_kernels else []
     qkv_comm = _tp_comm(shape, "qkv.tp_reduce.backward", "reduce_scatter")
     qkv_regather = _tp_comm(shape, "ln1.all_gather.recompute", "all_gather") if sp else []
     ops += _linear_backward("qkv", n, shape.qkv_width, h, e, qkv_comm, qkv_regather)
-    ops += _norm_backward("ln1", n_rep, h, e)
+    ops += _norm_backward("ln1", n_rep, h, e, shape)
     return _overlap_tp(ops) if shape.tp_comm_overlap else ops
 
 
@@ -466,23 +674,49 @@ def embedding_and_logits_ops(shape: LayerShape, vocab_size: int) -> EmbeddingAnd
     emb_bwd.append(_mem("embedding.grad_scatter_add", (e + 8) * n * h))
 
     logits = n * v
-    logits_fwd = [_mem("final_layernorm", 2 * e * n_rep * h)]
+    final_norm = _norm_forward(shape, "ln_f", n_rep)
+    logits_fwd = [replace(op, name=op.name.replace("ln_f", "final_layernorm")) for op in final_norm]
     logits_fwd += _tp_comm(shape, "final_layernorm.all_gather", "all_gather") if sp else []
     logits_fwd.append(_gemm("logits", n, v, h, e))
-    # Cast to fp32 (read e, write 4) and row max (read 4); subtract (8), exp (8) and sum (4);
-    # normalise (8). Each reduction over the vocabulary is completed by a small all-reduce.
-    logits_fwd.append(_mem("cross_entropy.max", (e + 4 + 4) * logits))
-    logits_fwd += _loss_all_reduces(shape, ("max",))
-    logits_fwd.append(_mem("cross_entropy.exp_sum", (8 + 8 + 4) * logits))
-    logits_fwd += _loss_all_reduces(shape, ("target_logit", "sum_exp"))
-    logits_fwd.append(_mem("cross_entropy.normalise", 8 * logits))
-    # Softmax minus one-hot (read 4, write 4) and cast back (read 4, write e).
-    logits_bwd = [_mem("cross_entropy.backward", (4 + 4 + 4 + e) * logits)]
+    if shape.eager_kernels:
+        loss_fwd, loss_bwd = eager_loss_ops(n, logits, e)
+        logits_fwd += loss_fwd
+        logits_bwd = list(loss_bwd)
+    else:
+        # Cast to fp32 (read e, write 4) and row max (read 4); subtract (8), exp (8) and sum (4);
+        # normalise (8). Each reduction over the vocabulary is completed by a small all-reduce.
+        logits_fwd.append(_mem("cross_entropy.max", (e + 4 + 4) * logits))
+        logits_fwd += _loss_all_reduces(shape, ("max",))
+        logits_fwd.append(_mem("cross_entropy.exp_sum", (8 + 8 + 4) * logits))
+        logits_fwd += _loss_all_reduces(shape, ("target_logit", "sum_exp"))
+        logits_fwd.append(_mem("cross_entropy.normalise", 8 * logits))
+        # Softmax minus one-hot (read 4, write 4) and cast back (read 4, write e).
+        logits_bwd = [_mem("cross_entropy.backward", (4 + 4 + 4 + e) * logits)]
     logits_comm = _tp_comm(shape, "logits.tp_reduce.backward", "reduce_scatter")
     logits_regather = _tp_comm(shape, "final_layernorm.all_gather.recompute", "all_gather") if sp else []
     logits_bwd += _linear_backward("logits", n, v, h, e, logits_comm, logits_regather)
-    logits_bwd += [_mem("final_layernorm.backward", 5 * e * n_rep * h)]
+    final_norm_bwd = _norm_backward("ln_f", n_rep, h, e, shape)[:-1]  # no residual branch after it
+    logits_bwd += [replace(op, name=op.name.replace("ln_f", "final_layernorm")) for op in final_norm_bwd]
     return EmbeddingAndLogitsOps(tuple(emb_fwd), tuple(emb_bwd), tuple(logits_fwd), tuple(logits_bwd))
+
+
+# the fp32 bytes per logit eager's loss holds at its peak, beside the 16-bit logits: the log-softmax
+# output (kept for its backward), nll_loss's gradient and the log-softmax's gradient
+EAGER_LOSS_FP32_BYTES = 4 + 4 + 4
+
+
+def eager_loss_ops(tokens: int, logits: int, e: int) -> tuple[list[Op], list[Op]]:
+    """``cross_entropy(logits.float(), labels)`` in eager PyTorch, forward and backward: the cast to
+    fp32 (e + 4 per logit), log_softmax (reads 4, writes 4), nll_loss (reads one logit per token);
+    nll_loss's backward (a zeroed fp32 gradient with one value per token: writes 4),
+    log_softmax's backward (reads the gradient and the output, writes 4: 12) and the cast back
+    (4 + e)."""
+    forward = [_mem("cross_entropy.to_fp32", (e + 4) * logits), _mem("cross_entropy.log_softmax", 8 * logits),
+               _mem("cross_entropy.nll_loss", 12 * tokens)]  # fmt: skip
+    backward = [_mem("cross_entropy.nll_loss.backward", 4 * logits + 12 * tokens),
+                _mem("cross_entropy.log_softmax.backward", 12 * logits),
+                _mem("cross_entropy.to_input_dtype", (4 + e) * logits)]  # fmt: skip
+    return forward, backward
 
 
 def _loss_all_reduces(shape: LayerShape, what: tuple[str, ...]) -> list[Op]:

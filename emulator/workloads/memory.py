@@ -19,7 +19,8 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads.layout import layout_of
 from emulator.workloads.pipeline import in_flight, layers_of_stage, layers_on_stage
 from emulator.workloads.segments import layer_shape
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer, vocab_rows
+from emulator.workloads.tensor_parallel import activation_bytes_per_layer as table2_activation_bytes
+from emulator.workloads.tensor_parallel import vocab_rows
 
 GiB = 2**30
 
@@ -56,11 +57,44 @@ def stepped_params(config, stage: int) -> int:
         experts, p.zero_stage, dpar.expert_replicas(config))
 
 
+def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
+    """Activations one layer keeps per rank and microbatch: Korthikanti's Table 2 terms
+    (tensor_parallel.activation_bytes_per_layer), or under torchtitan's per-op checkpointing the
+    bytes of what its policy saves (layer_costs.op_selective_saved_bytes)."""
+    if (recompute or config.training.recompute) == lc.OP_SELECTIVE:
+        return lc.op_selective_saved_bytes(layer_shape(config))
+    return table2_activation_bytes(config, recompute)
+
+
 def logits_bytes(config) -> int:
     """fp32 logits of one microbatch on the last stage (Megatron keeps them for the loss), for the
-    rank's own ``s/c`` tokens under context parallelism."""
+    rank's own ``s/c`` tokens under context parallelism; with eager kernels the 16-bit logits and
+    the fp32 tensors of ``cross_entropy(logits.float())`` at its peak (layer_costs.EAGER_LOSS_FP32_BYTES)."""
     t, p = config.training, config.parallel
-    return 4 * t.micro_batch_size * t.seq_length // p.context * vocab_rows(config.model.vocab_size, p.tensor)
+    per_logit = dpar.weight_bytes_per_param(t.precision) + lc.EAGER_LOSS_FP32_BYTES if t.kernels == "eager" else 4
+    return per_logit * t.micro_batch_size * t.seq_length // p.context * vocab_rows(config.model.vocab_size, p.tensor)
+
+
+def zero3_root_params(config, stage: int) -> int:
+    """The parameters of FSDP2's root unit on ``stage`` (data_parallel.zero3_root_params)."""
+    layers = layers_on_stage(config, stage) * lc.layer_params_per_rank(layer_shape(config))
+    extra = params_on_rank(config, stage) - layers
+    return dpar.zero3_root_params(config, stage, extra)
+
+
+def zero3_root_bytes(config, stage: int) -> int:
+    """What the root unit holds during a microbatch: its gathered 16-bit weights and their 16-bit
+    unsharded gradients (FSDP2 computes gradients in the weights' dtype before the reduce-scatter's
+    copy-in; counted whole from the start of the backward, where the activations peak)."""
+    return 2 * zero3_root_params(config, stage) * dpar.weight_bytes_per_param(config.training.precision)
+
+
+def rebuilt_layer_bytes(config) -> int:
+    """The activations of one layer rebuilt during its backward (full and per-op recomputation): the
+    layer's activations without recomputation; 0 otherwise."""
+    if config.training.recompute in ("full", "op_selective"):
+        return activation_bytes_per_layer(config, "none")
+    return 0
 
 
 @dataclass
@@ -124,9 +158,8 @@ def stage_memory(config, stage: int) -> StageMemory:
     per_chunk = activation_bytes_per_layer(config) * layers_of_stage(config, stage)
     chunks_live, logits_live = in_flight(config, stage)
     peak = per_chunk * chunks_live + (logits_bytes(config) * logits_live if stage == p.pipeline - 1 else 0)
-    transient = zero3_buffer_bytes(config)
-    if config.training.recompute == "full":  # one layer's activations are rebuilt during its backward
-        transient += activation_bytes_per_layer(config, "none")
+    transient = zero3_buffer_bytes(config) + zero3_root_bytes(config, stage)
+    transient += rebuilt_layer_bytes(config)  # one layer's activations rebuilt during its backward
     return StageMemory(stage, gpu, weights, grads, optimizer, per_chunk, chunks_live, peak, transient,
                        get_gpu(gpu).hbm_bytes if gpu != "?" else 0)  # fmt: skip
 

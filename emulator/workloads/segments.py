@@ -42,6 +42,8 @@ def layer_shape(config, expert_load: float = 1.0) -> lc.LayerShape:
         flash_attention=t.attention == "flash",
         tp_comm_overlap=p.tp_comm_overlap,
         dropout=m.dropout,
+        eager_kernels=t.kernels == "eager",
+        rope=m.position_embedding == "rope",
         num_experts=m.experts,
         moe_top_k=m.moe_top_k,
         moe_ffn_hidden_size=m.moe_ffn_size if m.experts else 0,

@@ -105,6 +105,7 @@ def activation_bytes_per_layer(config, recompute: str | None = None) -> int:
     # a fused attention kernel keeps no s x s tensor (scores, softmax, dropout mask): the a*s/h
     # term goes, as with selective recomputation
     squares = 0 if t.attention == "flash" else square_terms * a * s / h
+    assert recompute != "op_selective", "memory.activation_bytes_per_layer counts per-op checkpointing"
     if recompute == "full":
         value = 2 * sbh / (tp if sp else 1)  # only the layer input is kept
     elif recompute == "selective":

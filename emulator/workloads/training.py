@@ -8,7 +8,10 @@ segments with the tensor-parallel collectives between them, and sends the result
 backward pass of the last microbatch, gradients are reduced over the data-parallel group in
 buckets while the rest of the backward still runs (all-reduce, or reduce-scatter with ZeRO >= 1);
 then the optimizer steps over the rank's shard and ZeRO 1-2 all-gather the updated weights. ZeRO-3
-gathers every layer's weights before its forward and backward (one layer ahead).
+gathers every layer's weights before its forward and backward (one layer ahead) and reduce-scatters
+its gradients after its backward (after FSDP2's copy-in); FSDP2's root unit (embedding, output
+layer, final norm) is gathered before a microbatch's first forward and reduce-scattered after its
+backward.
 
 What each technique sends, holds and in which order comes from its module, shared with the
 closed-form estimate and the planner: pipeline.py (schedules, stages, messages), data_parallel.py
@@ -29,16 +32,19 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads import pipeline as pipe
 from emulator.workloads.layout import layout_of
 from emulator.workloads.memory import (
+    activation_bytes_per_layer,
     expert_params_on_rank,
     logits_bytes,
     params_on_rank,
+    rebuilt_layer_bytes,
     static_bytes,
     stepped_params,
     zero3_buffer_bytes,
+    zero3_root_params,
 )
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
-from emulator.workloads.tensor_parallel import activation_bytes_per_layer, launch_prepared, prepare_segments
+from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments
 
 
 def training_program(config):
@@ -63,8 +69,9 @@ def training_program(config):
     zero3 = dpar.gathers_every_layer(p.zero_stage) and shard > 1
     tied_bytes = pipe.tied_embedding_bytes(config)
     act_layer = activation_bytes_per_layer(config)
-    # with full recomputation one layer's activations are rebuilt during its backward
-    full_layer = activation_bytes_per_layer(config, "none") if t.recompute == "full" else 0
+    # with full or per-op recomputation one layer's activations are rebuilt during its backward
+    full_layer = rebuilt_layer_bytes(config)
+    grad_bytes = dpar.config_grad_bytes(config)
     segments_by_gpu: dict[tuple[str, float], object] = {}
 
     def program(gpu) -> None:
@@ -115,6 +122,18 @@ def training_program(config):
         gpu.alloc(optimizer, f"stage{stage}.optimizer_states")
         if zero3:
             gpu.alloc(zero3_buffer_bytes(config), f"stage{stage}.zero3_unit_buffers")
+        # FSDP2's root unit (the embedding, output layer, final norm of this stage) and its copy-ins
+        root_params = zero3_root_params(config, stage)
+        root_weight_bytes = root_params * dpar.weight_bytes_per_param(t.precision)
+        copy_in = dpar.zero3_copy_in_segments(lc.dense_params_per_rank(shape), gpu.spec, t.precision,
+                                              grad_bytes) if zero3 else []  # fmt: skip
+        root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
+                        if root_params else [])
+        root: dict[str, object] = {}  # the root unit's gathered weights, then its gradients, while needed
+        # eager: the loss's tensors are freed by torch once its backward has run; the fused path keeps
+        # Megatron's fp32 logits to the end of the microbatch (the accounting Korthikanti's rows check)
+        eager = t.kernels == "eager"
+        loss_buffers: dict[int, object] = {}
 
         blocks: dict[int, list] = {}  # id(segments) -> its block, checked once (segments outlive the program)
 
@@ -154,9 +173,13 @@ def training_program(config):
             if not first:
                 src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
                 gpu.recv(src, p2p_bytes, tag=chunk, async_op=True, stream=f"pp.recv.fwd{chunk}").wait()
-            size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final else 0)
+            size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final and not eager else 0)
             activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
             suffix = f" mb{mb}"
+            if root_params and "weights" not in root:
+                # root pre-forward: its all-gather, waited for before any of the stage's compute
+                root["weights"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.weights")
+                gpu.all_gather(root_weight_bytes, shard_group, async_op=True, stream="dp").wait()
             waiting = gathers.pop(chunk, None)
             if first:
                 if waiting:
@@ -167,6 +190,8 @@ def training_program(config):
                     waiting.pop(0)[1].wait()
                 run_segments(segs.layer_forward, suffix)
             if final:
+                if eager:
+                    loss_buffers[mb] = gpu.alloc(logits_bytes(config), f"stage{stage}.loss.mb{mb}")
                 run_segments(segs.logits_forward, suffix)
             else:
                 dst, dst_chunk = neighbour(chunk, True)
@@ -183,13 +208,19 @@ def training_program(config):
             buckets_after, buckets_rest = grad_buckets[chunk]
             if final:
                 run_segments(segs.logits_backward, suffix)
+                if mb in loss_buffers:
+                    gpu.free(loss_buffers.pop(mb))
+            if root_params and "grads" not in root and (final or first):
+                # the output layer's (or the embedding's) 16-bit gradients, unsharded until the copy-in
+                root["grads"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.gradients")
             for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
                 rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
                 run_segments(segs.layer_backward, suffix)
                 if rebuilt is not None:
                     gpu.free(rebuilt)
                 if zero3:
-                    reduce_layer()
+                    run_segments(copy_in, suffix)
+                    reduce_unit(layer_grad_bytes)
                 elif reduce_now and layer in buckets_after:
                     reduce_bucket(buckets_after[layer])
                 if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
@@ -199,6 +230,15 @@ def training_program(config):
             if reduce_now and buckets_rest:
                 reduce_bucket(buckets_rest)
             gpu.free(activations.pop((mb, chunk)))
+            if root_params and chunk == 0:
+                # the root unit's post-backward: copy-in and reduce-scatter of its gradients; it
+                # reshards once no other microbatch of this stage is in flight
+                run_segments(root_copy_in, suffix)
+                reduce_unit(root_params * grad_bytes)
+                if not activations:
+                    for held in root.values():
+                        gpu.free(held)
+                    root.clear()
             if not first:
                 dst, dst_chunk = neighbour(chunk, False)
                 gpu.send(dst, p2p_bytes, tag=1000 + dst_chunk, async_op=True, stream="pp.send.bwd")
@@ -210,12 +250,12 @@ def training_program(config):
             else:
                 late_buckets.append((size, group))
 
-        def reduce_layer() -> None:
-            """ZeRO-3: the layer's gradients reduce-scattered in its shard group, the shard then
-            all-reduced across the replicas (hybrid sharding)."""
-            pending.append(gpu.reduce_scatter(layer_grad_bytes, shard_group, async_op=True, stream="dp"))
+        def reduce_unit(size: int) -> None:
+            """ZeRO-3: a unit's gradients (a layer's, or the root unit's) reduce-scattered in its
+            shard group, the shard then all-reduced across the replicas (hybrid sharding)."""
+            pending.append(gpu.reduce_scatter(size, shard_group, async_op=True, stream="dp"))
             if replica_group is not None:
-                pending.append(gpu.all_reduce(layer_grad_bytes // shard, replica_group, async_op=True, stream="dp"))
+                pending.append(gpu.all_reduce(size // shard, replica_group, async_op=True, stream="dp"))
 
         actions = schedule(stage, p.pipeline, micro, chunks)
         for _ in range(t.iterations):

@@ -60,6 +60,12 @@ def identity_cases() -> dict:
         "zero3-hybrid": load_run(CONFIGS / "runs/llama3-70b-zero3-64gpu.yaml",
                                  ["cluster.nodes=4", "parallel.data=32", "parallel.zero_shard_group=8",
                                   "model.num_layers=2", "training.seq_length=1024", "training.global_batch_size=32"]),
+        # torchtitan's recipe: per-op checkpointing, eager kernels, ZeRO-3 with FSDP2's root unit
+        "torchtitan": load_run(CONFIGS / "runs/llama3-8b-64gpu.yaml",
+                               ["cluster.nodes=4", "parallel.tensor=1", "parallel.pipeline=1", "parallel.data=32",
+                                "parallel.zero_stage=3", "model.num_layers=2", "training.seq_length=1024",
+                                "training.global_batch_size=64", "training.recompute=op_selective",
+                                "training.kernels=eager", "training.attention=flash"]),
         # mixture of experts: expert parallelism 8 (all-to-all across nodes), seeded imbalance
         "moe": load_run(CONFIGS / "runs/mixtral-8x7b-ep8-64gpu.yaml",
                         ["cluster.nodes=4", "parallel.pipeline=1", "parallel.data=32", "model.num_layers=2",

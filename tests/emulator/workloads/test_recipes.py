@@ -16,10 +16,11 @@ from emulator.workloads import layer_costs as lc
 from emulator.workloads.context_parallel import kv_bytes_sent_per_rank, kv_gather_bytes
 from emulator.workloads.data_parallel import param_gather_buckets, zero3_gather_bytes
 from emulator.workloads.layout import ParallelLayout
-from emulator.workloads.memory import stage_memory
+from emulator.workloads.memory import stage_memory, zero3_root_params
 from emulator.workloads.segments import layer_shape
 from netmodel.topology import Topology
 from tests.conftest import CONFIGS
+from tests.emulator.workloads.collectives import collective_calls
 
 RUNS = CONFIGS / "runs"
 CP_RUN = RUNS / "llama31-70b-cp-64gpu.yaml"
@@ -112,19 +113,20 @@ def test_context_parallel_identical_on_any_shard_count(shards):
 
 def test_zero3_gathers_one_layer_and_reduce_scatters_its_gradients():
     """FSDP2: the all-gather is a layer's 16-bit weights (not times the group), before forward and
-    backward; a reduce-scatter of its gradients after each backward, every microbatch."""
+    backward; a reduce-scatter of its gradients after each backward, every microbatch; the root
+    unit (embedding, output layer, final norm) gathered once and reduce-scattered once per microbatch."""
     config = load_run(ZERO3_RUN, SMALL_ZERO3)
     shape = layer_shape(config)
     layer_weights = lc.layer_params_per_rank(shape) * 2
     assert zero3_gather_bytes(lc.layer_params_per_rank(shape), "bf16") == layer_weights
-    summary, result, _ = execute(config)
-    assert summary["status"] == "completed"
-    # 32 members over 4 nodes (8 channels): every message carries size / (channels * members)
-    assert set(_sizes(result, "all_gather")) and set(_sizes(result, "reduce_scatter"))
-    gathered = sum(_sizes(result, "all_gather").values())
-    scattered = sum(_sizes(result, "reduce_scatter").values())
-    assert gathered == 2 * scattered  # two gathers (forward, backward) per reduce-scatter, same buffer size
-    assert "all_reduce" not in result.kind_hist
+    root = zero3_root_params(config, 0)
+    m = config.model
+    assert root == 2 * m.vocab_size * m.hidden_size + m.hidden_size  # untied embedding and output, RMSNorm
+    micro, layers = 1, 2
+    calls = collective_calls(config)
+    assert calls == {("all_gather", layer_weights): 2 * layers * micro, ("all_gather", 2 * root): micro,
+                     ("reduce_scatter", layer_weights * 2): layers * micro,  # fp32 gradients
+                     ("reduce_scatter", 4 * root): micro}  # fmt: skip
 
 
 def test_the_70b_zero3_gather_fits_where_it_was_refused():
