@@ -105,8 +105,10 @@ class OpCore:
         for i, r in enumerate(ranks):
             self.rank_index[r] = i
         n = len(ranks)
+        # a rank's block ops in flight: at most max_ahead launched and not done, all in its running
+        # block or later ones (every block's ops are done when it ends); a slot is reused a ring later
         ring = 64
-        while ring < 4 * shard.max_ahead + 256:
+        while ring < 2 * shard.max_ahead + 512:
             ring *= 2
         self.rs = np.zeros((n, k.R_FIELDS), np.int64)
         for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND):
@@ -114,7 +116,6 @@ class OpCore:
         self.rs[:, k.R_RANK] = ranks
         self.rf = np.zeros(n, np.float64)
         self.ops = np.zeros((n * ring, k.O_FIELDS), np.int64)
-        self.ops[:, k.O_STATE] = k.S_DONE
         self.of = np.zeros(n * ring, np.float64)
         self.heap = np.zeros((2 * n + 16, 4), np.int64)
         self.g = np.zeros(k.G_FIELDS, np.int64)
@@ -159,9 +160,15 @@ class OpCore:
             raise AssertionError("compiled op engine: a ring or dependency table overflowed")
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
+            bucket = int(g[k.G_BUCKET])
+            last = 0
             for size, count, t, t_end in self.ovf[: g[k.G_NOVF]].tolist():
                 add(0, size, count, t, t_end)
+                last = max(last, max(t, t_end - 1) // bucket)
             g[k.G_NOVF] = 0
+            if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
+                self.tl = _grown(self.tl, 2 * last)
+                self._pack()
         self.top = self.heap.item(0, 0) if g[k.G_HEAPN] else INF
 
     def top_key(self) -> tuple:
@@ -345,3 +352,21 @@ class OpCore:
                     waits = gpu.wait_ns.setdefault(stream, {})
                     waits[by] = waits.get(by, 0) + int(rs[ri, col])
                     rs[ri, hit] = rs[ri, col] = 0
+
+
+def warm_up() -> None:
+    """Load every kernel of opkernels.py (compiled on first use, then from numba's cache): called
+    by netcore.warm_up, in the background thread that loads the collective kernels while a run
+    starts, so that a first run's compile does not count as emulation time."""
+    from types import SimpleNamespace
+
+    links = SimpleNamespace(free=np.zeros(2, np.int64))
+    shard = SimpleNamespace(gpus={0: None}, topo=SimpleNamespace(world_size=1), max_ahead=4,
+                            stats=SimpleNamespace(bucket_ns=1000), links=links)  # fmt: skip
+    core = OpCore(shard)
+    core.ti[0] = (k.I_C, 5, 0)
+    core.tp[0] = (0, 1)
+    k.begin_block(*core.largs, 0, 0)
+    k.launch_rest(*core.largs, 0, 0)
+    k.start_block(*core.largs, 0, 0)
+    k.run(*core.rargs, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

@@ -32,7 +32,7 @@ O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, 
 MAX_DEPS = 8
 O_FIELDS = O_DEP0 + MAX_DEPS
 K_C, K_M = 0, 1
-S_LAUNCHED, S_STARTED, S_DONE = 0, 1, 2
+S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W = 0, 1, 2
 # plans
 P_DUR, P_MSGB, P_MSGS, P_MEMBERS, P_LPTR, P_LLEN, P_CALLS, P_MAXWAIT, P_CNS, P_CCOUNT = range(10)
@@ -124,21 +124,35 @@ def _add_dep(ops, g, op, on):
 
 @njit(cache=True)
 def _timeline(tl, ovf, g, size, count, t, t_end):
-    """ShardStats.timeline_add on tier 0 for a transfer inside one bucket; any other goes to the
-    overflow rows, which the shard adds with ShardStats.timeline_add itself."""
-    if size * count == 0:
+    """ShardStats.timeline_add on tier 0 (the same integer shares; tests/emulator/engine/
+    test_opcore.py holds the two equal); slots past the array go to the overflow rows, which the
+    shard adds with ShardStats.timeline_add itself."""
+    if size == 0 or count == 0:  # (not size * count: it can wrap to 0 in int64)
         return
     bucket = g[G_BUCKET]
     slot = t // bucket
-    if (t_end <= t or (t_end - 1) // bucket == slot) and slot < tl.shape[0]:
+    last = slot if t_end <= t else (t_end - 1) // bucket
+    # past the array, or a transfer over 2^48 bytes (256 TiB: its products, or a bucket's sum of them,
+    # could pass int64, where Python's integers have no bound): the shard adds it
+    if last >= tl.shape[0] or size >= (1 << 48) // count or (t_end > t and size >= (1 << 62) // (t_end - t)):
+        k = g[G_NOVF]
+        if k >= ovf.shape[0]:
+            g[G_ERR] = 1
+            return
+        ovf[k, 0], ovf[k, 1], ovf[k, 2], ovf[k, 3] = size, count, t, t_end
+        g[G_NOVF] = k + 1
+        return
+    if last == slot:
         tl[slot] += size * count
         return
-    k = g[G_NOVF]
-    if k >= ovf.shape[0]:
-        g[G_ERR] = 1
-        return
-    ovf[k, 0], ovf[k, 1], ovf[k, 2], ovf[k, 3] = size, count, t, t_end
-    g[G_NOVF] = k + 1
+    done = 0
+    for s in range(slot, last + 1):
+        end = (s + 1) * bucket
+        if t_end < end:
+            end = t_end
+        part = size * (end - t) // (t_end - t) - done
+        tl[s] += part * count
+        done += part
 
 
 @njit(cache=True)
