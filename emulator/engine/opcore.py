@@ -138,7 +138,7 @@ class OpCore:
         self.tl = np.zeros(1 << 16, np.int64)
         self.ovf = np.zeros((1 << 14, 4), np.int64)
         self.blocks: dict[int, tuple] = {}  # id(block) -> (block, template or -1, (gid, collectives))
-        self.core_ranks: set[int] = set()  # ranks whose tensor stream the engine holds
+        self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
         self.top = INF
@@ -261,15 +261,18 @@ class OpCore:
             known = self.blocks[id(block)] = (block, b, extra)
         _, b, extra = known
         rank = gpu.rank
+        # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
+        # collectives goes where the rank's first such block went (the shard's gate, opcore's
+        # module docstring, makes them all eligible or none)
         if b < 0:
             if extra:
                 assert rank not in self.core_ranks, f"rank {rank}: a tensor stream both compiled and in Python"
                 self.python_ranks.add(rank)
             return False
-        if rank in self.python_ranks:
+        if extra and rank in self.python_ranks:
             return False
-        self.core_ranks.add(rank)
         if extra:
+            self.core_ranks.add(rank)
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
         shard = self.shard

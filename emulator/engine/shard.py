@@ -108,9 +108,19 @@ class Shard(CollectiveExecution):
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
         # the compiled per-op engine (emulator/engine/opcore.py) where it applies
         self.ops_core = None
-        if (settings.op_engine == "compiled" and settings.builtin_workload and self.shards == 1
-                and self.failures is None and self.compute_faults is None):  # fmt: skip
+        if (settings.op_engine == "compiled" and settings.builtin_workload and settings.tensor_only_blocks
+                and self.shards == 1 and self.failures is None and self.compute_faults is None
+                and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
+
+    def _closed_tensor_ops(self) -> bool:
+        """Whether every node group runs the tensor group's collectives with analytic algorithms (so
+        a rank's tensor collectives are all in closed form or none is: opcore.py takes all or none)."""
+        return self.fast_collectives and all(
+            ((g.scale_up.algorithms.get(op) or DEFAULTS[op]), op) in ANALYTIC
+            for g in self.topo.groups
+            for op in ("all_reduce", "reduce_scatter", "all_gather")
+        )
 
     def _compile_ops(self) -> None:
         """Hand the hosted GPUs' counters to a compiled engine (before any program runs)."""
