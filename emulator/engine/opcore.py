@@ -19,9 +19,13 @@ ends (its proxy completes: dependents on other streams, the next op), where a pr
 and for every other op kind. tests/emulator/engine/test_opcore.py compares both paths bit for bit on
 fuzzed configs.
 
-Where it applies (else the Python path runs, with the same results): the built-in workload, one
-shard, no faults, an untraced rank, and blocks that start and end with compute, whose collectives
-are the tensor group's in closed form with one arrival, each waited for inside the block.
+Where it applies (else the Python path runs, with the same results): the built-in workload without
+faults, context parallelism or experts, whose node groups run the tensor collectives with analytic
+algorithms (Shard._closed_tensor_ops); an untraced rank; blocks that start and end with compute,
+whose collectives are the tensor group's in closed form with one arrival (tensor folding on, or
+tensor 1), each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
+carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
+bounds without the block's ops.
 """
 
 from __future__ import annotations
@@ -126,6 +130,7 @@ class OpCore:
         self.tf = np.zeros(256, np.float64)
         self.tp = np.zeros((16, 2), np.int64)
         self.n_ti = self.n_tp = 0
+        self.compute_ns: list[int] = []  # template -> its compute ops' summed durations
         self.pl = np.zeros((16, k.P_FIELDS), np.int64)
         self.plk = np.zeros(256, np.int64)
         self.n_pl = self.n_plk = 0
@@ -245,6 +250,7 @@ class OpCore:
             self.tf[start + i] = flops
         self.n_ti += len(rows)
         b = self.n_tp
+        self.compute_ns.append(sum(value for code, value, _, _ in rows if code == k.I_C))
         self.tp = _grown(self.tp, b + 1)
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
@@ -278,8 +284,9 @@ class OpCore:
         shard = self.shard
         ri = int(self.rank_index[rank])
         k.begin_block(*self.largs, ri, b)
-        row = self.tp.item(b, 0) + self.tp.item(b, 1) - 1
-        proxy = Op(BLOCK, None, self.ti.item(row, 1), self.tf.item(row))
+        # the proxy: ``a`` the block's compute durations (the lookahead's stream sums), ``b`` the
+        # FLOPs of its last compute op, whose figures it takes when it completes (block_done)
+        proxy = Op(BLOCK, None, self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
         while True:

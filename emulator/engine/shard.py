@@ -109,8 +109,7 @@ class Shard(CollectiveExecution):
         # the compiled per-op engine (emulator/engine/opcore.py) where it applies
         self.ops_core = None
         if (settings.op_engine == "compiled" and settings.builtin_workload and settings.tensor_only_blocks
-                and self.shards == 1 and self.failures is None and self.compute_faults is None
-                and self._closed_tensor_ops()):  # fmt: skip
+                and self.failures is None and self.compute_faults is None and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
 
     def _closed_tensor_ops(self) -> bool:
@@ -289,7 +288,7 @@ class Shard(CollectiveExecution):
                         dep.dependents.append(op)
         op.deps_left = left
         kind = op.kind
-        if kind == COMPUTE:
+        if kind == COMPUTE or kind == BLOCK:  # a block's proxy: ``a`` is its compute ops' durations
             faults = self.compute_faults
             if faults is not None and gpu.rank in faults.ranks:
                 op.c = op.a  # the nominal duration, for the time a fault cost (``compute_lost_ns``)

@@ -48,10 +48,10 @@ def _observables(result) -> dict:
     return data
 
 
-def _run(name: str, overrides: list[str], engine: str, trace_ranks=()):
+def _run(name: str, overrides: list[str], engine: str, trace_ranks=(), shards: int = 1):
     config = load_run(CONFIGS / "runs" / f"{name}.yaml", [*overrides, f"engine.op_engine={engine}"])
     try:
-        summary, result, _ = execute(config, trace_ranks=trace_ranks)
+        summary, result, _ = execute(config, shards=shards, trace_ranks=trace_ranks)
     except EmulatorError as exc:  # an OOM or a hang is a result too: both paths must report it alike
         return type(exc).__name__, str(exc)
     return summary["fingerprint"], _observables(result)
@@ -126,6 +126,17 @@ def test_shortened_reference_run_matches(overrides, counted):
     compiled = _run("megatron-1t-3072gpu", args, "compiled", trace_ranks=range(8))
     assert counted[0] > 0
     assert compiled == _run("megatron-1t-3072gpu", args, "python", trace_ranks=range(8))
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_several_shards_match(shards, counted):
+    """The kernels on several in-process shards (the lookahead bounds a block by its proxy): the
+    Python rules' results, and one shard's fingerprint."""
+    args = ["training.global_batch_size=12"]
+    compiled = _run("megatron-1t-3072gpu", args, "compiled", shards=shards)
+    assert counted[0] > 0
+    assert compiled == _run("megatron-1t-3072gpu", args, "python", shards=shards)
+    assert compiled[0] == _run("megatron-1t-3072gpu", args, "compiled")[0]  # the fingerprint
 
 
 def test_faults_and_user_programs_take_the_python_rules(counted):
