@@ -5,7 +5,7 @@ A block is what tensor_parallel.launch_prepared launches for a layer: fused comp
 ``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
 is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
 of one arrival (collective_run.py), so a block's events - compute completions and closed-form
-completions, 86% of the reference run's - touch only the rank's two streams, its node's ports and
+completions, 82% of the reference run's - touch only the rank's two streams, its node's ports and
 the statistics. The shard keeps one Python op per block on its ``compute`` stream, the block's
 *proxy*: the block's first op waits for what the proxy waits for, and the proxy completes with the
 block's last compute op (every tensor collective of an eligible block is waited for before it), so

@@ -49,7 +49,8 @@ def _observables(result) -> dict:
 
 
 def _run(name: str, overrides: list[str], engine: str, trace_ranks=(), shards: int = 1):
-    config = load_run(CONFIGS / "runs" / f"{name}.yaml", [*overrides, f"engine.op_engine={engine}"])
+    path = CONFIGS / name if name.endswith(".yaml") else CONFIGS / "runs" / f"{name}.yaml"
+    config = load_run(path, [*overrides, f"engine.op_engine={engine}"])
     try:
         summary, result, _ = execute(config, shards=shards, trace_ranks=trace_ranks)
     except EmulatorError as exc:  # an OOM or a hang is a result too: both paths must report it alike
@@ -145,6 +146,15 @@ def test_faults_and_user_programs_take_the_python_rules(counted):
     compiled = _run("megatron-175b-64gpu", args, "compiled")
     assert counted[0] == 0
     assert compiled == _run("megatron-175b-64gpu", args, "python")
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (CONFIGS / "examples").glob("*.yaml")))
+def test_user_programs_match(example, counted):
+    """User programs (configs/examples: deadlock, mismatch, OOM and node failure reports included)
+    never take the kernels, and give the same results, or the same error, under both settings."""
+    compiled = _run(f"examples/{example}", [], "compiled")
+    assert counted[0] == 0
+    assert compiled == _run(f"examples/{example}", [], "python")
 
 
 def test_timeline_rule_equals_the_shards():
