@@ -212,6 +212,9 @@ class EngineConfig:
     # where message-level collectives run: "compiled" (numba, emulator/engine/netkernels.py) or
     # "python" (the reference implementation); the results are the same bit for bit
     collective_engine: Literal["compiled", "python"] = "compiled"
+    # where the built-in workload's op blocks run: "compiled" (numba, emulator/engine/opcore.py: one
+    # shard, no faults) or "python" (the reference rules of emulator/engine/shard.py); same results
+    op_engine: Literal["compiled", "python"] = "compiled"
     # how the Ray backend runs rounds: "direct" (the shards exchange each round's replies and records
     # over a connection per pair of shards, actors/peer.py; the driver is out of the rounds) or "calls"
     # (one actor call per busy shard and round, through the driver); measured in benchmarks/README.md

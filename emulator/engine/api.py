@@ -298,6 +298,14 @@ class GPU:
         self._shard.launch(gpu, op_obj, stream, True)
         return op_obj
 
+    def launch_block(self, block: list) -> bool:
+        """Launch a block of tensor_parallel.prepare_segments in the compiled per-op engine
+        (emulator/engine/opcore.py); False when it does not run there (launch it op by op)."""
+        core = self._shard.ops_core
+        if core is None or self._gpu.trace is not None:
+            return False
+        return core.launch(self._gpu, block)
+
     def compute_ns(self, name: str, duration_ns) -> int:
         """A kernel's explicit duration, checked (a ProgramError unless 0 <= ns <= MAX_OP_NS)."""
         if not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):

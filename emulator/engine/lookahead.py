@@ -44,7 +44,7 @@ stamped before what its destination already processed fails ``Shard.deliver``.
 from __future__ import annotations
 
 from emulator.engine.events import INF
-from emulator.engine.ops import COLL, COMPUTE
+from emulator.engine.ops import BLOCK, COLL, COMPUTE
 
 
 def end_bound(op, stream, now: float) -> float:
@@ -54,7 +54,8 @@ def end_bound(op, stream, now: float) -> float:
     if op.done:
         return op.t_end if op.t_end > now else now
     head = stream.ops[0]  # the oldest op not completed; ``op`` is it or behind it
-    base = head.t_start if head.started and head.kind == COMPUTE else now
+    # a compiled block's proxy (opcore.py) runs its compute ops one after the other from its start
+    base = head.t_start if head.started and (head.kind == COMPUTE or head.kind == BLOCK) else now
     # every compute op from the head up to ``op`` still has to run, one after the other
     bound = base + op.cum - stream.done_ns
     return bound if bound > now else now

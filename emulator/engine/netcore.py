@@ -448,4 +448,7 @@ def warm_up() -> None:
     deliver_records(core.st, core.heap, core.msg, core.mfree, np.zeros((0, 12), np.int64), np.zeros(0, np.int64))
     rehash(core.htk, core.htv, core.hts, core.htk.copy(), core.htv.copy(), core.hts.copy(), core.st)
     timeline_add(core.tl, core.pend, core.st, 0, 1, 1, 0, 1, 1000)
+    from emulator.engine.opcore import warm_up as warm_up_ops  # the per-op engine's kernels too
+
+    warm_up_ops()
 

@@ -14,7 +14,10 @@ work runs on a stream in order. Dependencies follow CUDA / torch.distributed sem
 from __future__ import annotations
 
 COMPUTE, SEND, RECV, COLL, ALLOC, FREE, MARK, SYNC = range(8)
-KIND_NAMES = ("compute", "send", "recv", "collective", "alloc", "free", "mark_iteration", "synchronize")
+# a block of ops run by the compiled per-op engine (emulator/engine/opcore.py): its proxy on the
+# shard's compute stream, which becomes its last compute op when it completes
+BLOCK = 8
+KIND_NAMES = ("compute", "send", "recv", "collective", "alloc", "free", "mark_iteration", "synchronize", "block")
 COMM_KINDS = frozenset({SEND, RECV, COLL})
 
 

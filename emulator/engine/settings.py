@@ -25,6 +25,10 @@ class EngineSettings:
     max_ops_ahead: int = 256  # how many ops a program may launch ahead of its GPU's streams
     timeline_bucket_ns: int = 1_000_000  # resolution of the bytes-per-tier-over-time record
     collective_engine: str = "compiled"  # "compiled" (netcore.py) or "python" (collective_run.py)
+    op_engine: str = "compiled"  # "compiled" (opcore.py, where it applies) or "python" (shard.py)
+    # the built-in workload's layer blocks hold no collective but the tensor group's (no context
+    # parallelism, no experts): what the compiled per-op engine needs to take them (opcore.py)
+    tensor_only_blocks: bool = False
     fast_collectives: bool = True  # groups inside one node complete in closed form
     fold_tensor_groups: bool = True  # allow symmetry folding (folding.py) where it is exact
     precision: str = "bf16"  # the rate a ``gpu.compute(flops=...)`` kernel runs at
@@ -53,6 +57,8 @@ class EngineSettings:
             max_ops_ahead=engine.max_ops_ahead,
             timeline_bucket_ns=int(engine.timeline_bucket_us * 1000),
             collective_engine=engine.collective_engine,
+            op_engine=engine.op_engine,
+            tensor_only_blocks=model_run and parallel.context == 1 and config.model.experts == 0,
             fast_collectives=engine.fast_collectives != "none",
             fold_tensor_groups=engine.fold_tensor_groups,
             precision=config.training.precision,

@@ -35,7 +35,7 @@ from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
-from emulator.engine.ops import ALLOC, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
+from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU
@@ -106,6 +106,30 @@ class Shard(CollectiveExecution):
         # slow GPUs and jitter of the hosted ranks (emulator/engine/faults.py); None: every kernel nominal
         self.compute_faults = ComputeFaults.for_faults(settings.faults, topo, self.gpus)
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
+        # the compiled per-op engine (emulator/engine/opcore.py) where it applies
+        self.ops_core = None
+        if (settings.op_engine == "compiled" and settings.builtin_workload and settings.tensor_only_blocks
+                and self.failures is None and self.compute_faults is None and self._closed_tensor_ops()):  # fmt: skip
+            self._compile_ops()
+
+    def _closed_tensor_ops(self) -> bool:
+        """Whether every node group runs the tensor group's collectives with analytic algorithms (so
+        a rank's tensor collectives are all in closed form or none is: opcore.py takes all or none)."""
+        return self.fast_collectives and all(
+            ((g.scale_up.algorithms.get(op) or DEFAULTS[op]), op) in ANALYTIC
+            for g in self.topo.groups
+            for op in ("all_reduce", "reduce_scatter", "all_gather")
+        )
+
+    def _compile_ops(self) -> None:
+        """Hand the hosted GPUs' counters to a compiled engine (before any program runs)."""
+        from emulator.engine.opcore import CompiledGPU, OpCore
+
+        self.ops_core = core = OpCore(self)
+        for rank, old in list(self.gpus.items()):
+            gpu = self.gpus[rank] = CompiledGPU(rank, old.node, old.spec, old.capacity_bytes, core)
+            gpu.trace = old.trace
+        self.stats.ops_core = core
 
     # -- programs ------------------------------------------------------------------------------
     def start(self) -> tuple[float, float, dict[int, list], float]:
@@ -264,7 +288,7 @@ class Shard(CollectiveExecution):
                         dep.dependents.append(op)
         op.deps_left = left
         kind = op.kind
-        if kind == COMPUTE:
+        if kind == COMPUTE or kind == BLOCK:  # a block's proxy: ``a`` is its compute ops' durations
             faults = self.compute_faults
             if faults is not None and gpu.rank in faults.ranks:
                 op.c = op.a  # the nominal duration, for the time a fault cost (``compute_lost_ns``)
@@ -337,6 +361,9 @@ class Shard(CollectiveExecution):
                 if self._start_recv(gpu, op, t):
                     return
                 continue  # completed at once: go on with the stream
+            if kind == BLOCK:  # a compiled block's proxy: its first op starts (opcore.py)
+                self.ops_core.start_block(gpu, op, t)
+                return
             self._instant(gpu, op, t)
             self._complete(gpu, op, t, start_next=False)
 
@@ -498,16 +525,22 @@ class Shard(CollectiveExecution):
         t = self.heap[0][0] if self.heap else INF
         if self.core.top < t:
             t = self.core.top
+        if self.ops_core is not None and self.ops_core.top < t:
+            t = self.ops_core.top
         return t
 
     def next_time_of(self, ranks: dict) -> float:
         """The earliest pending event of any of ``ranks`` (steps, hand-overs, completions)."""
         t = min((e[0] for e in self.heap if e[2] in ranks), default=INF)
         core_t = self.core.next_time_of(ranks)
+        if self.ops_core is not None:
+            core_t = min(core_t, self.ops_core.next_time_of(ranks))
         return core_t if core_t < t else t
 
     def run_until(self, horizon: float) -> dict[int, list]:
         """Process every event stamped before ``horizon``; return the cross-shard messages."""
+        if self.ops_core is not None:
+            return self._run_until_compiled(horizon)
         heap = self.heap
         pop = heapq.heappop
         gpus = self.gpus
@@ -541,6 +574,69 @@ class Shard(CollectiveExecution):
         if horizon > self.done_until:
             self.done_until = horizon
         return self._take_outbox()
+
+    def _run_until_compiled(self, horizon: float) -> dict[int, list]:
+        """:meth:`run_until` with the compiled per-op engine's heap as a third one, merged by key
+        (its shard has no failures: emulator/engine/opcore.py)."""
+        heap = self.heap
+        pop = heapq.heappop
+        gpus = self.gpus
+        count = 0
+        core, ops = self.core, self.ops_core
+        core_events, ops_events = core.events, ops.events
+        core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
+        while True:
+            ot, ct = ops.top, core.top
+            ht = heap[0][0] if heap else INF
+            if ot < horizon and ot <= ct and ot <= ht:
+                # the least key of the other two heaps: the kernels stop before it
+                limit = heap[0][:5] if heap else None
+                if ct < INF and (limit is None or ct <= ht):
+                    ck = core.top_key()
+                    if limit is None or ck < limit:
+                        limit = ck
+                if limit is None or ops.top_key() < limit:
+                    self._run_ops(limit, core_horizon)
+                    continue
+            if ct < horizon:
+                if not heap or ct < ht or (ct == ht and core.top_key() < heap[0][:5]):
+                    limit = heap[0][:5] if heap else None
+                    if ot < INF:
+                        okey = ops.top_key()
+                        if limit is None or okey < limit:
+                            limit = okey
+                    self._run_core(limit, core_horizon)
+                    continue
+            if not heap or ht >= horizon:
+                break
+            t, kind, rank, _, _, obj = pop(heap)
+            self.now = t
+            count += 1
+            if kind == EV_OP_DONE:
+                self._complete(gpus[rank], obj, t)
+            elif kind == EV_STEP:
+                self._step(gpus[rank], obj, t)
+            else:
+                self._handover(obj, t)
+        self.events += count + core.events - core_events + ops.events - ops_events
+        if horizon > self.done_until:
+            self.done_until = horizon
+        return self._take_outbox()
+
+    def _run_ops(self, limit, horizon: int) -> None:
+        """Let the compiled per-op engine run its events before ``limit``; act where it stopped."""
+        from emulator.engine.opkernels import ST_BLOCK_DONE, ST_RESUME
+
+        ops = self.ops_core
+        status = ops.run(limit, horizon)
+        if status == ST_BLOCK_DONE:
+            gpu, proxy, t = ops.block_done()
+            self.now = t
+            self._complete(gpu, proxy, t)
+        elif status == ST_RESUME:
+            gpu, t = ops.resumed()
+            self.now = t
+            self._maybe_resume(gpu)
 
     def _failed(self, rank: int, t: int) -> bool:
         """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""

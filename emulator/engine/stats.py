@@ -15,7 +15,7 @@ class ShardStats:
 
     __slots__ = ("links", "link_bytes", "link_busy_ns", "link_messages", "link_max_wait_ns", "tier_bytes",
                  "tier_messages", "size_hist", "kind_hist", "timeline", "bucket_ns", "closed_accounts",
-                 "core")  # fmt: skip
+                 "core", "ops_core")  # fmt: skip
 
     def __init__(self, topo, bucket_ns: int = 1_000_000, links: LinkModel | None = None):
         self.links = links if links is not None else LinkModel(topo)
@@ -36,6 +36,7 @@ class ShardStats:
         # the intra-node closed form's calls, per plan (CollectiveExecution._closed_plan): see closed_account
         self.closed_accounts: list[tuple] = []
         self.core = None  # the shard's NetCore, whose own accounting flush() adds here
+        self.ops_core = None  # the shard's compiled per-op engine (opcore.py), likewise
 
     def closed_account(self, tx: tuple, rx: tuple, per: int, msg_bytes: int, busy_ns: int, messages: int,
                        kind: str) -> list[int]:  # fmt: skip
@@ -54,6 +55,8 @@ class ShardStats:
     def flush(self) -> None:
         if self.core is not None:
             self.core.flush()
+        if self.ops_core is not None:
+            self.ops_core.flush()
         for tx, rx, per, msg_bytes, busy, messages, bucket, kind, acc in self.closed_accounts:
             calls, wait = acc
             if not calls:

@@ -151,7 +151,10 @@ def prepare_segments(gpu, segments: list[tuple], tp_group, groups: dict | None =
 
 
 def launch_prepared(gpu, block: list[tuple], suffix: str = "") -> None:
-    """Launch a block of :func:`prepare_segments`; compute ops are named ``<segment><suffix>``."""
+    """Launch a block of :func:`prepare_segments`; compute ops are named ``<segment><suffix>``. The
+    compiled per-op engine takes the whole block where it applies (emulator/engine/opcore.py)."""
+    if gpu.launch_block(block):
+        return
     pending = None
     for kind, a, b, c in block:
         if kind == "c":

@@ -1,0 +1,382 @@
+"""The compiled per-op engine (``engine.op_engine: compiled``): the built-in workload's op blocks run
+in numba (emulator/engine/opkernels.py), many events per call.
+
+A block is what tensor_parallel.launch_prepared launches for a layer: fused compute segments on the
+``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
+is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
+of one arrival (collective_run.py), so a block's events - compute completions and closed-form
+completions, 82% of the reference run's - touch only the rank's two streams, its node's ports and
+the statistics. The shard keeps one Python op per block on its ``compute`` stream, the block's
+*proxy*: the block's first op waits for what the proxy waits for, and the proxy completes with the
+block's last compute op (every tensor collective of an eligible block is waited for before it), so
+the other streams, the program and the Python rules see the block as they see its ops.
+
+The kernels apply Shard.launch / _try_start / _complete to the block's ops with the same event keys
+``(t, EV_OP_DONE, rank, rank, seq)`` from the rank's one ``seq`` counter; the shard merges their heap
+with its own and the message-level core's by key, so the order, hence every result, is the one of
+the Python path (``engine.op_engine: python``, the specification). Python runs only where a block
+ends (its proxy completes: dependents on other streams, the next op), where a program must resume,
+and for every other op kind. tests/emulator/engine/test_opcore.py compares both paths bit for bit on
+fuzzed configs.
+
+Where it applies (else the Python path runs, with the same results): the built-in workload without
+faults, context parallelism or experts, whose node groups run the tensor collectives with analytic
+algorithms (Shard._closed_tensor_ops); an untraced rank; blocks that start and end with compute,
+whose collectives are the tensor group's in closed form with one arrival (tensor folding on, or
+tensor 1), each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
+carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
+bounds without the block's ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from emulator.engine import opkernels as k
+from emulator.engine.events import INF
+from emulator.engine.ops import BLOCK, COMPUTE, Op
+from emulator.engine.vgpu import VirtualGPU
+
+# the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
+_WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
+
+
+class CompiledGPU(VirtualGPU):
+    """A virtual GPU whose counters live in the compiled engine's arrays (read and written by both
+    the Python rules and the kernels); every other field is VirtualGPU's."""
+
+    __slots__ = ("_row", "_rf", "_ri", "_sync")
+
+    def __init__(self, rank: int, node: int, spec, capacity_bytes: int, core: OpCore):
+        self._ri = core.rank_index[rank]
+        self._row = core.rs[self._ri]
+        self._rf = core.rf
+        self._sync = None
+        super().__init__(rank, node, spec, capacity_bytes)
+
+    def _get(field):  # noqa: N805 - builds the properties below
+        return property(lambda self: self._row.item(field), lambda self, v: self._row.__setitem__(field, v))
+
+    seq = _get(k.R_SEQ)
+    outstanding = _get(k.R_OUT)
+    ops_done = _get(k.R_OPSDONE)
+    last_time = _get(k.R_LAST)
+    compute_ns = _get(k.R_CNS)
+    comm_ns = _get(k.R_COMMNS)
+    del _get
+
+    @property
+    def suspended(self) -> bool:
+        return bool(self._row.item(k.R_SUSP))
+
+    @suspended.setter
+    def suspended(self, value: bool) -> None:
+        self._row[k.R_SUSP] = 1 if value else 0
+
+    @property
+    def sync_op(self):
+        return self._sync
+
+    @sync_op.setter
+    def sync_op(self, op) -> None:
+        self._sync = op
+        self._row[k.R_SYNC] = 0 if op is None else 1
+
+    @property
+    def flops_done(self) -> float:
+        return self._rf.item(self._ri)
+
+    @flops_done.setter
+    def flops_done(self, value: float) -> None:
+        self._rf[self._ri] = value
+
+
+def _grown(a: np.ndarray, rows: int) -> np.ndarray:
+    if rows <= a.shape[0]:
+        return a
+    b = np.zeros((max(rows, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+class OpCore:
+    """The shard's compiled block engine: per-rank streams of block ops, their heap, plans."""
+
+    def __init__(self, shard):
+        self.shard = shard
+        ranks = sorted(shard.gpus)
+        self.rank_index = np.full(shard.topo.world_size, -1, np.int64)
+        for i, r in enumerate(ranks):
+            self.rank_index[r] = i
+        n = len(ranks)
+        # a rank's block ops in flight: at most max_ahead launched and not done, all in its running
+        # block or later ones (every block's ops are done when it ends); a slot is reused a ring later
+        ring = 64
+        while ring < 2 * shard.max_ahead + 512:
+            ring *= 2
+        self.rs = np.zeros((n, k.R_FIELDS), np.int64)
+        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND):
+            self.rs[:, col] = -1
+        self.rs[:, k.R_RANK] = ranks
+        self.rf = np.zeros(n, np.float64)
+        self.ops = np.zeros((n * ring, k.O_FIELDS), np.int64)
+        self.of = np.zeros(n * ring, np.float64)
+        self.heap = np.zeros((2 * n + 16, 4), np.int64)
+        self.g = np.zeros(k.G_FIELDS, np.int64)
+        self.g[k.G_RING] = ring
+        self.g[k.G_MAXAHEAD] = shard.max_ahead
+        self.g[k.G_BUCKET] = shard.stats.bucket_ns
+        self.ti = np.zeros((256, 3), np.int64)
+        self.tf = np.zeros(256, np.float64)
+        self.tp = np.zeros((16, 2), np.int64)
+        self.n_ti = self.n_tp = 0
+        self.compute_ns: list[int] = []  # template -> its compute ops' summed durations
+        self.pl = np.zeros((16, k.P_FIELDS), np.int64)
+        self.plk = np.zeros(256, np.int64)
+        self.n_pl = self.n_plk = 0
+        self.plan_of: dict[int, tuple] = {}  # id(closed plan) -> (plan, index)
+        self.plan_info: list[tuple] = []  # index -> (accumulator, collective op name)
+        self.free = shard.links.free
+        n_links = len(self.free)
+        self.qn = np.zeros(n_links, np.int64)
+        self.qm = np.zeros(n_links, np.int64)
+        self.tl = np.zeros(1 << 16, np.int64)
+        self.ovf = np.zeros((1 << 14, 4), np.int64)
+        self.blocks: dict[int, tuple] = {}  # id(block) -> (block, template or -1, (gid, collectives))
+        self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
+        self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
+        self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
+        self.top = INF
+        self._pack()
+
+    def _pack(self) -> None:
+        self.largs = (self.rs, self.ops, self.of, self.ti, self.tf, self.tp, self.pl, self.plk, self.free,
+                      self.qn, self.qm, self.tl, self.ovf, self.heap, self.g)  # fmt: skip
+        self.rargs = (self.rs, self.ops, self.of, self.rf, self.pl, self.plk, self.free, self.qn, self.qm,
+                      self.tl, self.ovf, self.heap, self.g, self.rank_index)  # fmt: skip
+
+    @property
+    def events(self) -> int:
+        return int(self.g[k.G_EVENTS])
+
+    def _after(self) -> None:
+        g = self.g
+        if g[k.G_ERR]:
+            raise AssertionError("compiled op engine: a ring or dependency table overflowed")
+        if g[k.G_NOVF]:
+            add = self.shard.stats.timeline_add
+            bucket = int(g[k.G_BUCKET])
+            last = 0
+            for size, count, t, t_end in self.ovf[: g[k.G_NOVF]].tolist():
+                add(0, size, count, t, t_end)
+                last = max(last, max(t, t_end - 1) // bucket)
+            g[k.G_NOVF] = 0
+            if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
+                self.tl = _grown(self.tl, 2 * last)
+                self._pack()
+        self.top = self.heap.item(0, 0) if g[k.G_HEAPN] else INF
+
+    def top_key(self) -> tuple:
+        h = self.heap
+        rank = h.item(0, 1)
+        return h.item(0, 0), 2, rank, rank, h.item(0, 2)
+
+    def next_time_of(self, ranks) -> float:
+        rows = self.heap[: int(self.g[k.G_HEAPN])]
+        times = rows[np.isin(rows[:, 1], np.fromiter(ranks, np.int64, len(ranks))), 0]
+        return float(times.min()) if len(times) else INF
+
+    # -- templates ---------------------------------------------------------------------------
+    def _plan(self, prepared) -> int:
+        """The index of a prepared tensor collective's closed-form plan, or -1 when it has none of
+        one arrival (then the block runs in Python)."""
+        group, call, algorithm, _sig, closed = prepared
+        shard = self.shard
+        if closed is None or closed[1] != 1 or group.cross:
+            return -1
+        plan = shard._closed_plan(call, algorithm)
+        known = self.plan_of.get(id(plan))
+        if known is not None and known[0] is plan:
+            return known[1]
+        _, _, arrivals, links, _tx, _rx, duration, messages, msg_bytes, _per, _busy, acc = plan
+        assert arrivals == 1
+        p = self.n_pl
+        self.pl = _grown(self.pl, p + 1)
+        self.plk = _grown(self.plk, self.n_plk + len(links))
+        self.plk[self.n_plk : self.n_plk + len(links)] = links
+        self.pl[p, :] = 0
+        self.pl[p, k.P_DUR], self.pl[p, k.P_MSGB], self.pl[p, k.P_MSGS] = duration, msg_bytes, messages
+        self.pl[p, k.P_MEMBERS], self.pl[p, k.P_LPTR], self.pl[p, k.P_LLEN] = call.n, self.n_plk, len(links)
+        self.n_plk += len(links)
+        self.n_pl = p + 1
+        self.plan_of[id(plan)] = (plan, p)
+        self.plan_info.append((acc, call.op))
+        self._pack()
+        return p
+
+    def _template(self, block: list) -> tuple[int, bool]:
+        """``(template, (tensor group id, its calls) or None)``; ``(-1, has tensor calls)`` when the
+        block is not eligible."""
+        rows, tp_calls, gid = [], 0, 0
+        eligible = bool(block) and block[0][0] == "c" and block[-1][0] == "c"
+        pending = False
+        for kind, a, b, c in block:
+            if kind == "c":
+                rows.append((k.I_C, b, 0, c))
+            elif kind == "m":
+                if b != "tp":
+                    eligible = False
+                    continue
+                tp_calls += 1
+                gid = a[0].gid
+                plan = self._plan(a)
+                if plan < 0 or (c and pending):
+                    eligible = False
+                pending = pending or bool(c)
+                rows.append((k.I_M, plan, 1 if c else 0, 0.0))
+            else:
+                pending = False
+                rows.append((k.I_W, 0, 0, 0.0))
+        if pending:
+            eligible = False
+        if not eligible:
+            return -1, tp_calls > 0
+        extra = (gid, tp_calls) if tp_calls else None
+        start = self.n_ti
+        self.ti = _grown(self.ti, start + len(rows))
+        self.tf = _grown(self.tf, start + len(rows))
+        for i, (code, value, flag, flops) in enumerate(rows):
+            self.ti[start + i] = (code, value, flag)
+            self.tf[start + i] = flops
+        self.n_ti += len(rows)
+        b = self.n_tp
+        self.compute_ns.append(sum(value for code, value, _, _ in rows if code == k.I_C))
+        self.tp = _grown(self.tp, b + 1)
+        self.tp[b] = (start, len(rows))
+        self.n_tp = b + 1
+        self._pack()
+        return b, extra
+
+    # -- launching (from the program) ---------------------------------------------------------
+    def launch(self, gpu: VirtualGPU, block: list) -> bool:
+        """Launch a prepared block (tensor_parallel.prepare_segments) as launch_prepared would;
+        False when it is not eligible (the caller launches it op by op)."""
+        known = self.blocks.get(id(block))
+        if known is None or known[0] is not block:
+            b, extra = self._template(block)
+            known = self.blocks[id(block)] = (block, b, extra)
+        _, b, extra = known
+        rank = gpu.rank
+        # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
+        # collectives goes where the rank's first such block went (the shard's gate, opcore's
+        # module docstring, makes them all eligible or none)
+        if b < 0:
+            if extra:
+                assert rank not in self.core_ranks, f"rank {rank}: a tensor stream both compiled and in Python"
+                self.python_ranks.add(rank)
+            return False
+        if extra and rank in self.python_ranks:
+            return False
+        if extra:
+            self.core_ranks.add(rank)
+            gid, calls = extra
+            gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
+        shard = self.shard
+        ri = int(self.rank_index[rank])
+        k.begin_block(*self.largs, ri, b)
+        # the proxy: ``a`` the block's compute durations (the lookahead's stream sums), ``b`` the
+        # FLOPs of its last compute op, whose figures it takes when it completes (block_done)
+        proxy = Op(BLOCK, None, self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
+        # the block's first op: its stream position and dependencies on the shard's compute stream
+        shard.launch(gpu, proxy, "compute")
+        while True:
+            k.launch_rest(*self.largs, ri, shard.now)
+            self._after()
+            if self.g[k.G_STATUS] == k.ST_SUSPEND:
+                shard._suspend(gpu)
+                continue
+            return True
+
+    # -- events ---------------------------------------------------------------------------------
+    def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
+        ri = int(self.rank_index[gpu.rank])
+        self.proxies[ri] = proxy
+        k.start_block(*self.largs, ri, t)
+        self._after()
+
+    def run(self, limit: tuple | None, horizon: int) -> int:
+        """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
+        if limit is None:
+            k.run(*self.rargs, k.NO_LIMIT, 0, 0, 0, 0, horizon)
+        else:
+            k.run(*self.rargs, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
+        self._after()
+        return int(self.g[k.G_STATUS])
+
+    def block_done(self) -> tuple[VirtualGPU, Op, int]:
+        """The block whose last compute op the last call completed: its proxy becomes that op
+        (duration, FLOPs, start) for Shard._complete."""
+        g = self.g
+        ri, t = int(g[k.G_RET_RI]), int(g[k.G_RET_T])
+        proxy = self.proxies[ri]
+        proxy.kind = COMPUTE
+        proxy.t_start = int(g[k.G_RET_TSTART])
+        return self.shard.gpus[int(self.rs[ri, k.R_RANK])], proxy, t
+
+    def resumed(self) -> tuple[VirtualGPU, int]:
+        g = self.g
+        return self.shard.gpus[int(self.rs[int(g[k.G_RET_RI]), k.R_RANK])], int(g[k.G_RET_T])
+
+    # -- figures --------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Add the kernels' accumulators to the shard's figures (ShardStats.flush calls this)."""
+        pl = self.pl
+        netcore = self.shard.core
+        for p, (acc, op_name) in enumerate(self.plan_info):
+            calls, wait = int(pl[p, k.P_CALLS]), int(pl[p, k.P_MAXWAIT])
+            if calls:
+                acc[0] += calls
+                if wait > acc[1]:
+                    acc[1] = wait
+                total = netcore.collective_ns.get(op_name)
+                if total is None:
+                    total = netcore.collective_ns[op_name] = [0, 0]
+                total[0] += int(pl[p, k.P_CNS])
+                total[1] += int(pl[p, k.P_CCOUNT])
+            pl[p, k.P_CALLS] = pl[p, k.P_MAXWAIT] = pl[p, k.P_CNS] = pl[p, k.P_CCOUNT] = 0
+        links = self.shard.links
+        for link in np.flatnonzero(self.qm).tolist():
+            links.queued_ns[link] += int(self.qn[link])
+            links.queued_messages[link] += int(self.qm[link])
+        self.qn[:] = 0
+        self.qm[:] = 0
+        line = self.shard.stats.timeline[0]
+        for slot in np.flatnonzero(self.tl).tolist():
+            line[slot] = line.get(slot, 0) + int(self.tl[slot])
+        self.tl[:] = 0
+        rs = self.rs
+        for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
+            gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
+            for hit, col, stream, by in _WAITS:
+                if rs[ri, hit]:
+                    waits = gpu.wait_ns.setdefault(stream, {})
+                    waits[by] = waits.get(by, 0) + int(rs[ri, col])
+                    rs[ri, hit] = rs[ri, col] = 0
+
+
+def warm_up() -> None:
+    """Load every kernel of opkernels.py (compiled on first use, then from numba's cache): called
+    by netcore.warm_up, in the background thread that loads the collective kernels while a run
+    starts, so that a first run's compile does not count as emulation time."""
+    from types import SimpleNamespace
+
+    links = SimpleNamespace(free=np.zeros(2, np.int64))
+    shard = SimpleNamespace(gpus={0: None}, topo=SimpleNamespace(world_size=1), max_ahead=4,
+                            stats=SimpleNamespace(bucket_ns=1000), links=links)  # fmt: skip
+    core = OpCore(shard)
+    core.ti[0] = (k.I_C, 5, 0)
+    core.tp[0] = (0, 1)
+    k.begin_block(*core.largs, 0, 0)
+    k.launch_rest(*core.largs, 0, 0)
+    k.start_block(*core.largs, 0, 0)
+    k.run(*core.rargs, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

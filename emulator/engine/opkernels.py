@@ -1,0 +1,403 @@
+"""Numba kernels of the compiled per-op engine (emulator/engine/opcore.py): the built-in workload's
+op blocks (fused compute segments and the tensor group's closed-form collectives between them).
+
+These are the rules of emulator/engine/shard.py (``launch``, ``_try_start``, ``_complete``) and of
+the intra-node closed form (collective_run.py ``_rendezvous`` with one arrival, netmodel/links.py
+``LinkModel.hold``) for the two streams a block uses, over arrays, many events per call. Every
+event has the key ``(t, EV_OP_DONE, rank, rank, seq)`` the Python path gives it, ``seq`` taken from
+the rank's one counter, so the shard merges this heap with its own and the order is unchanged;
+tests/emulator/engine/test_opcore.py runs both paths and compares results bit for bit.
+
+State (all int64 unless said): ``rs[rank index, R_*]`` per rank, ``ops[op, O_*]`` per op (a ring of
+``ring`` slots per rank), ``heap[i] = (t, rank, seq, op)``, ``g[G_*]`` globals and the returned
+status. Templates: ``ti[i] = (code, value, flag)`` with ``tf[i]`` the FLOPs, block ``b`` is rows
+``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration), ``I_M`` (collective: plan,
+flag 1 when overlapped), ``I_W`` (wait for the overlapped one). Plans ``pl[p, P_*]`` with their
+ports ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+# per rank
+(R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
+ R_THEAD, R_TTAIL, R_TBLK, R_WCT, R_WCT_HIT, R_WTC, R_WTC_HIT, R_NWAIT, R_WAIT0) = range(21)  # fmt: skip
+MAX_WAITS = 8
+R_PEND = R_WAIT0 + MAX_WAITS
+R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
+R_FIELDS = R_RANK + 1
+# per op
+O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_DEP0 = range(11)
+MAX_DEPS = 8
+O_FIELDS = O_DEP0 + MAX_DEPS
+K_C, K_M = 0, 1
+S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
+I_C, I_M, I_W = 0, 1, 2
+# plans
+P_DUR, P_MSGB, P_MSGS, P_MEMBERS, P_LPTR, P_LLEN, P_CALLS, P_MAXWAIT, P_CNS, P_CCOUNT = range(10)
+P_FIELDS = 10
+# globals
+(G_HEAPN, G_EVENTS, G_STATUS, G_RET_RI, G_RET_T, G_RET_TSTART, G_RET_OP, G_RING, G_MAXAHEAD, G_BUCKET, G_NOVF,
+ G_ERR) = range(12)  # fmt: skip
+G_FIELDS = 12
+NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
+# statuses
+ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
+
+
+@njit(cache=True)
+def _less(ta, ra, sa, tb, rb, sb):
+    if ta != tb:
+        return ta < tb
+    if ra != rb:
+        return ra < rb
+    return sa < sb
+
+
+@njit(cache=True)
+def _push(heap, g, t, rank, seq, op):
+    i = g[G_HEAPN]
+    g[G_HEAPN] = i + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if _less(t, rank, seq, heap[p, 0], heap[p, 1], heap[p, 2]):
+            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[p, 0], heap[p, 1], heap[p, 2], heap[p, 3]
+            i = p
+        else:
+            break
+    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+
+
+@njit(cache=True)
+def _pop(heap, g):
+    n = g[G_HEAPN] - 1
+    g[G_HEAPN] = n
+    t, rank, seq, op = heap[n, 0], heap[n, 1], heap[n, 2], heap[n, 3]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _less(heap[c + 1, 0], heap[c + 1, 1], heap[c + 1, 2], heap[c, 0], heap[c, 1], heap[c, 2]):
+            c += 1
+        if _less(heap[c, 0], heap[c, 1], heap[c, 2], t, rank, seq):
+            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[c, 0], heap[c, 1], heap[c, 2], heap[c, 3]
+            i = c
+        else:
+            break
+    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+
+
+@njit(cache=True)
+def _new_op(rs, ops, g, ri, kind, value):
+    ring = g[G_RING]
+    n = rs[ri, R_RING]
+    rs[ri, R_RING] = n + 1
+    op = ri * ring + n % ring
+    if n >= ring and ops[op, O_STATE] != S_DONE:
+        g[G_ERR] = 1  # the ring is too short for the ops in flight (an engine bug)
+    ops[op, O_KIND] = kind
+    ops[op, O_VAL] = value
+    ops[op, O_STATE] = S_LAUNCHED
+    ops[op, O_DEPS] = 0
+    ops[op, O_TSTART] = 0
+    ops[op, O_NEXT] = -1
+    ops[op, O_LAST] = 0
+    ops[op, O_GATE] = 0
+    ops[op, O_RI] = ri
+    ops[op, O_NDEP] = 0
+    return op
+
+
+@njit(cache=True)
+def _add_dep(ops, g, op, on):
+    """``op`` waits for ``on`` (not done): Shard.launch's dependents list."""
+    n = ops[on, O_NDEP]
+    if n >= MAX_DEPS:
+        g[G_ERR] = 1
+        return
+    ops[on, O_DEP0 + n] = op
+    ops[on, O_NDEP] = n + 1
+    ops[op, O_DEPS] += 1
+
+
+@njit(cache=True)
+def _timeline(tl, ovf, g, size, count, t, t_end):
+    """ShardStats.timeline_add on tier 0 (the same integer shares; tests/emulator/engine/
+    test_opcore.py holds the two equal); slots past the array go to the overflow rows, which the
+    shard adds with ShardStats.timeline_add itself."""
+    if size == 0 or count == 0:  # (not size * count: it can wrap to 0 in int64)
+        return
+    bucket = g[G_BUCKET]
+    slot = t // bucket
+    last = slot if t_end <= t else (t_end - 1) // bucket
+    # past the array, or a transfer over 2^48 bytes (256 TiB: its products, or a bucket's sum of them,
+    # could pass int64, where Python's integers have no bound): the shard adds it
+    if last >= tl.shape[0] or size >= (1 << 48) // count or (t_end > t and size >= (1 << 62) // (t_end - t)):
+        k = g[G_NOVF]
+        if k >= ovf.shape[0]:
+            g[G_ERR] = 1
+            return
+        ovf[k, 0], ovf[k, 1], ovf[k, 2], ovf[k, 3] = size, count, t, t_end
+        g[G_NOVF] = k + 1
+        return
+    if last == slot:
+        tl[slot] += size * count
+        return
+    done = 0
+    for s in range(slot, last + 1):
+        end = (s + 1) * bucket
+        if t_end < end:
+            end = t_end
+        part = size * (end - t) // (t_end - t) - done
+        tl[s] += part * count
+        done += part
+
+
+@njit(cache=True)
+def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t):
+    """Shard._try_start for a head op whose dependencies are done (compute, or closed form)."""
+    ops[op, O_STATE] = S_STARTED
+    ops[op, O_TSTART] = t
+    seq = rs[ri, R_SEQ] + 1
+    rs[ri, R_SEQ] = seq
+    if ops[op, O_KIND] == K_C:
+        _push(heap, g, t + ops[op, O_VAL], rs[ri, R_RANK], seq, op)
+        return
+    # LinkModel.hold: the ports held together from when all are free
+    p = ops[op, O_VAL]
+    lo, ln = pl[p, P_LPTR], pl[p, P_LLEN]
+    start = t
+    blocker = -1
+    for i in range(lo, lo + ln):
+        link = plk[i]
+        if free[link] > start:
+            start = free[link]
+            blocker = link
+    end = start + pl[p, P_DUR]
+    if blocker >= 0:
+        qn[blocker] += (start - t) * pl[p, P_MEMBERS]
+        qm[blocker] += pl[p, P_MEMBERS]
+    for i in range(lo, lo + ln):
+        free[plk[i]] = end
+    pl[p, P_CALLS] += 1
+    if start - t > pl[p, P_MAXWAIT]:
+        pl[p, P_MAXWAIT] = start - t
+    _timeline(tl, ovf, g, pl[p, P_MSGB], pl[p, P_MSGS], start, end)
+    pl[p, P_CNS] += end - t  # NetCore.note_collective (live figures)
+    pl[p, P_CCOUNT] += 1
+    _push(heap, g, end, rs[ri, R_RANK], seq, op)
+
+
+@njit(cache=True)
+def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+    """Shard._try_start on the rank's compute stream (its block ops)."""
+    op = rs[ri, R_CHEAD]
+    if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
+        return  # empty, running, or a block's first op whose proxy has not started (Python's)
+    if ops[op, O_DEPS]:
+        if rs[ri, R_CBLK] < 0:
+            rs[ri, R_CBLK] = t
+        return
+    if rs[ri, R_CBLK] >= 0:
+        rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
+        rs[ri, R_WCT_HIT] = 1
+        rs[ri, R_CBLK] = -1
+    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t)
+
+
+@njit(cache=True)
+def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+    """Shard._try_start on the rank's tensor stream."""
+    op = rs[ri, R_THEAD]
+    if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+        return
+    if ops[op, O_DEPS]:
+        if rs[ri, R_TBLK] < 0:
+            rs[ri, R_TBLK] = t
+        return
+    if rs[ri, R_TBLK] >= 0:
+        rs[ri, R_WTC] += t - rs[ri, R_TBLK]  # blocked by the compute stream
+        rs[ri, R_WTC_HIT] = 1
+        rs[ri, R_TBLK] = -1
+    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t)
+
+
+@njit(cache=True)
+def start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+    """The block's proxy started (its dependencies are done): its first compute op starts."""
+    op = rs[ri, R_CHEAD]
+    ops[op, O_GATE] = 0
+    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+
+
+@njit(cache=True)
+def begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
+    """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
+    Python op that stands for it on the shard's compute stream); returns it."""
+    row = tp[b, 0]
+    op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
+    of[op] = tf[row]
+    ops[op, O_GATE] = 1
+    ops[op, O_LAST] = 1 if tp[b, 1] == 1 else 0
+    if rs[ri, R_CTAIL] >= 0:
+        ops[rs[ri, R_CTAIL], O_NEXT] = op
+    else:
+        rs[ri, R_CHEAD] = op
+    rs[ri, R_CTAIL] = op
+    rs[ri, R_LASTC] = op
+    rs[ri, R_BT] = b
+    rs[ri, R_BPOS] = 1
+    rs[ri, R_PEND] = -1
+    rs[ri, R_NWAIT] = 0
+    g[G_RET_OP] = op
+
+
+@njit(cache=True)
+def launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
+    """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
+    does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
+    b = rs[ri, R_BT]
+    row0, n = tp[b, 0], tp[b, 1]
+    max_ahead = g[G_MAXAHEAD]
+    while rs[ri, R_BPOS] < n:
+        pos = rs[ri, R_BPOS]
+        rs[ri, R_BPOS] = pos + 1
+        row = row0 + pos
+        code = ti[row, 0]
+        if code == I_W:
+            pend = rs[ri, R_PEND]
+            if pend >= 0:
+                if ops[pend, O_STATE] != S_DONE:
+                    k = rs[ri, R_NWAIT]
+                    rs[ri, R_WAIT0 + k] = pend
+                    rs[ri, R_NWAIT] = k + 1
+                rs[ri, R_PEND] = -1
+            continue
+        if code == I_C:
+            op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
+            of[op] = tf[row]
+            if pos == n - 1:
+                ops[op, O_LAST] = 1
+            for k in range(rs[ri, R_NWAIT]):
+                dep = rs[ri, R_WAIT0 + k]
+                if ops[dep, O_STATE] != S_DONE:
+                    _add_dep(ops, g, op, dep)
+            rs[ri, R_NWAIT] = 0
+            if rs[ri, R_CTAIL] >= 0 and rs[ri, R_CHEAD] >= 0:
+                ops[rs[ri, R_CTAIL], O_NEXT] = op
+            else:
+                rs[ri, R_CHEAD] = op
+            rs[ri, R_CTAIL] = op
+            rs[ri, R_LASTC] = op
+            rs[ri, R_OUT] += 1
+            if rs[ri, R_CHEAD] == op:
+                _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+        else:
+            op = _new_op(rs, ops, g, ri, K_M, ti[row, 1])
+            last = rs[ri, R_LASTC]
+            if last >= 0 and ops[last, O_STATE] != S_DONE:
+                _add_dep(ops, g, op, last)
+            if rs[ri, R_TTAIL] >= 0 and rs[ri, R_THEAD] >= 0:
+                ops[rs[ri, R_TTAIL], O_NEXT] = op
+            else:
+                rs[ri, R_THEAD] = op
+            rs[ri, R_TTAIL] = op
+            rs[ri, R_OUT] += 1
+            if rs[ri, R_THEAD] == op:
+                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+            if ti[row, 2]:
+                rs[ri, R_PEND] = op  # overlapped: waited for at the next I_W
+            elif ops[op, O_STATE] != S_DONE:
+                k = rs[ri, R_NWAIT]
+                rs[ri, R_WAIT0 + k] = op
+                rs[ri, R_NWAIT] = k + 1
+        if rs[ri, R_OUT] >= max_ahead and not rs[ri, R_SUSP]:
+            g[G_STATUS] = ST_SUSPEND
+            return
+    g[G_STATUS] = ST_LAUNCHED
+
+
+@njit(cache=True)
+def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t):
+    """Shard._complete for a block op; returns a status when Python must act."""
+    ops[op, O_STATE] = S_DONE
+    kind = ops[op, O_KIND]
+    # pop the stream's head (it is this op)
+    if kind == K_C:
+        nxt = ops[op, O_NEXT]
+        rs[ri, R_CHEAD] = nxt
+        if nxt < 0:
+            rs[ri, R_CTAIL] = -1
+    else:
+        nxt = ops[op, O_NEXT]
+        rs[ri, R_THEAD] = nxt
+        if nxt < 0:
+            rs[ri, R_TTAIL] = -1
+    if ops[op, O_LAST]:
+        # the block's last compute op: the shard completes its proxy (counters, dependents, the
+        # compute stream's next op, the program) with this op's figures
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        g[G_RET_TSTART] = ops[op, O_TSTART]
+        g[G_RET_OP] = op
+        return ST_BLOCK_DONE
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    if kind == K_C:
+        rs[ri, R_CNS] += t - ops[op, O_TSTART]
+        rf[ri] += of[op]
+    else:
+        rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    for k in range(ops[op, O_NDEP]):
+        dep = ops[op, O_DEP0 + k]
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0:
+            if ops[dep, O_KIND] == K_C:
+                if rs[ri, R_CHEAD] == dep:
+                    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+            elif rs[ri, R_THEAD] == dep:
+                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+    ops[op, O_NDEP] = 0
+    if kind == K_C:
+        _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+    else:
+        _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True)
+def run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
+        lt, lk, lr, lo, ls, horizon):  # fmt: skip
+    """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
+    heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
+    while g[G_HEAPN] > 0:
+        t, rank, seq = heap[0, 0], heap[0, 1], heap[0, 2]
+        if t >= horizon:
+            break
+        # the key (t, EV_OP_DONE=2, rank, rank, seq) against the limit
+        if t > lt:
+            break
+        if t == lt:
+            if 2 > lk:
+                break
+            if 2 == lk:
+                if rank > lr or (rank == lr and (rank > lo or (rank == lo and seq > ls))):
+                    break
+        op = heap[0, 3]
+        _pop(heap, g)
+        g[G_EVENTS] += 1
+        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index[rank], op, t)
+        if g[G_ERR]:
+            return
+        if status != ST_LIMIT:
+            g[G_STATUS] = status
+            return
+    g[G_STATUS] = ST_LIMIT
