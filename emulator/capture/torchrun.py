@@ -8,11 +8,13 @@ environment torchrun gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_A
 writes the ordered stream of what its GPU would do. **Replay**: the streams run on the engine as
 rank programs (emulator/workloads/replay.py), an ordinary run with every output of ``emulator run``.
 
-Ranks that run the same stream are captured once: ``--capture auto`` (the default) captures a few
-probe ranks (the first two, the last of the first node, the first and last of the last node) and,
-when their streams are identical (ops, sizes, groups, peers), gives that stream to every rank; when
-they differ it captures every rank and keeps one copy per distinct stream. ``--capture all``
-captures every rank whatever the probes say (a script whose ranks differ only between the probes).
+Ranks that provably run the same stream are captured once (``--capture auto``, the default): a
+capture records every use the script's own code makes of its rank identity (``dist.get_rank()``,
+``LOCAL_RANK``, a device mesh's coordinate...) as a predicate, and a rank for which every predicate
+answers the same, and that is a member of every process group the stream uses, runs that stream
+(emulator/capture/identity.py, :func:`covers`). Ranks not covered are captured in turn, until
+every rank is. ``--capture all`` captures every rank. Captured streams that are equal up to their
+groups are kept once.
 
 Captures are cached (``$EMULATOR_CACHE_DIR``, default ``~/.cache/emulator/torchrun``) by the script's
 content, its arguments, the torch version, the world layout, the GPU type and the capture code
@@ -34,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.capture.identity import Identity, evaluate, same_stream
 from emulator.config.loader import load_cluster, load_run
 from emulator.errors import ConfigError, ProgramError
 from emulator.hardware.gpus import get_gpu
@@ -41,7 +44,7 @@ from emulator.workloads.replay import check_streams
 
 REPLAY_PROGRAM = Path(__file__).resolve().parents[1] / "workloads" / "replay.py"
 RANK_MODULE = Path(__file__).resolve().with_name("rank.py")
-FORMAT = 1  # bump when the capture format changes (the cache key holds rank.py's source too)
+FORMAT = 2  # bump when the capture format changes (the cache key holds rank.py's source too)
 
 
 @dataclass
@@ -73,7 +76,8 @@ def add_torchrun_parser(sub) -> None:
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, required=True,
                    help="processes (GPUs) per node (torchrun's --nproc-per-node)")  # fmt: skip
     p.add_argument("--capture", choices=("auto", "all"), default="auto",
-                   help="auto: capture probe ranks and every rank only when they differ (default); all: every rank")
+                   help="auto: capture until every rank is provably covered by a captured one (default); all: every "
+                        "rank")  # fmt: skip
     p.add_argument("--workers", type=int, help="rank captures at once (default: the cores)")
     p.add_argument("--recapture", action="store_true", help="ignore the cached capture")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
@@ -132,8 +136,85 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
-def probe_ranks(world: int, nproc: int) -> list[int]:
-    return sorted({r for r in (0, 1, nproc - 1, world - nproc, world - 1) if 0 <= r < world})
+def covers(records: dict, rank: int, nproc: int) -> bool:
+    """Whether ``rank`` provably runs the stream of the captured ``records``: every use the
+    script's code made of its identity answers the same for ``rank`` (emulator/capture/identity.py),
+    and ``rank`` is a member of every process group the stream uses. The groups are what torch's
+    libraries choose by reading the rank themselves (a device mesh's sub-group, FSDP's shard group);
+    they choose the group that holds the rank, among groups that every rank creates in the same
+    order, so a rank of each of them chooses them too."""
+    return same_stream(records.get("predicates", []), Identity(rank, nproc)) and all(
+        rank in members for members in records["_group_sets"])
+
+
+def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, quiet: bool) -> list[int]:
+    """Capture ranks until every rank is covered (:func:`covers`) by a captured one: rank 0 first,
+    then in each round the first ``workers`` ranks not covered yet. Two rounds in a row whose ranks
+    cover no other rank (a script whose every rank differs) are followed by all the rest at once,
+    one torch import per worker instead of one per round. Returns each rank's representative."""
+    rep_of = [-1] * world
+    left = list(range(world))
+    barren = 0  # rounds in a row that covered no rank beyond their own
+    while left:
+        batch = [0] if len(left) == world else _next_batch(left, captured, nproc, workers)
+        if not quiet and len(left) == world:
+            print(f"capture: rank 0 of {world}...", file=sys.stderr, flush=True)
+        run(batch)
+        for rank in batch:
+            captured[rank]["_group_sets"] = [frozenset(g) for g in captured[rank]["groups"]]
+            rep_of[rank] = rank
+        still = []
+        for rank in left:
+            if rep_of[rank] >= 0:
+                continue
+            rep = next((b for b in batch if covers(captured[b], rank, nproc)), -1)
+            if rep >= 0:
+                rep_of[rank] = rep
+            else:
+                still.append(rank)
+        barren = barren + 1 if len(left) - len(still) == len(batch) else 0
+        if still and barren >= 2:
+            if not quiet:
+                print(f"capture: ranks {batch[0]}-{batch[-1]} cover no other rank: capturing the other "
+                      f"{len(still)}...", file=sys.stderr, flush=True)  # fmt: skip
+            run(still)
+            for rank in still:
+                rep_of[rank] = rank
+            still = []
+        elif still and not quiet and len(left) == world:
+            print(f"capture: {len(still)} rank(s) not covered by rank 0 (its identity decides what it does): "
+                  f"capturing until every rank is covered ({workers} at once)...", file=sys.stderr, flush=True)
+        left = still
+    for records in captured.values():
+        records.pop("_group_sets", None)
+    return rep_of
+
+
+def _next_batch(left: list[int], captured: dict, nproc: int, workers: int) -> list[int]:
+    """Up to ``workers`` ranks not covered yet that likely differ from each other: their values of
+    the identity expressions the captured ranks recorded differ (a guess that only saves captures;
+    what covers what is decided on the captured records)."""
+    exprs = {json.dumps(expr): expr for records in captured.values() for expr, _ in records.get("predicates", [])}
+
+    def signature(rank: int) -> tuple:
+        who = Identity(rank, nproc)
+        values = []
+        for expr in exprs.values():
+            try:
+                values.append(json.dumps(evaluate(expr, who)))
+            except (ArithmeticError, ValueError, TypeError, IndexError):
+                values.append("error")
+        return tuple(values)
+
+    batch, seen = [], set()
+    for rank in left:
+        sig = signature(rank)
+        if sig not in seen:
+            seen.add(sig)
+            batch.append(rank)
+            if len(batch) == workers:
+                break
+    return batch
 
 
 def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world: int, nproc: int, gpu: dict,
@@ -167,12 +248,6 @@ def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world
             with open(out) as f:
                 results.append((spec["rank"], json.load(f), None, seconds))
     return results
-
-
-def _stream_key(records: dict) -> str:
-    """What makes two ranks' streams the same program: ops (with sizes, peers, frames) and groups."""
-    return hashlib.sha256(json.dumps([records["ops"], records["frames"], records["groups"]],
-                                     separators=(",", ":")).encode()).hexdigest()  # fmt: skip
 
 
 def _ops_key(records: dict) -> str:
@@ -226,18 +301,14 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
                 captured[r] = records
                 seconds.append(s)
 
-        probes = probe_ranks(world, nproc) if mode == "auto" else list(range(world))
-        if not quiet:
-            print(f"capture: {len(probes)} rank(s) of {world} ({workers} at once)...", file=sys.stderr, flush=True)
-        run(probes)
-        uniform = mode == "auto" and len({_stream_key(captured[r]) for r in probes}) == 1
-        if mode == "auto" and not uniform:
-            rest = [r for r in range(world) if r not in captured]
+        if mode == "all":
             if not quiet:
-                print(f"capture: the probe ranks differ; capturing the other {len(rest)} rank(s)...", file=sys.stderr,
-                      flush=True)  # fmt: skip
-            run(rest)
-    captures = _assemble(captured, world, uniform)
+                print(f"capture: {world} rank(s) ({workers} at once)...", file=sys.stderr, flush=True)
+            run(list(range(world)))
+            rep_of = list(range(world))
+        else:
+            rep_of = _capture_classes(run, captured, world, nproc, workers, quiet)
+    captures = _assemble(captured, rep_of)
     check_streams(captures)  # a mismatch or deadlock is reported now, with the script's lines
     tmp_path = captures_path.with_suffix(".tmp")
     tmp_path.write_text(json.dumps(captures, separators=(",", ":")))
@@ -251,13 +322,13 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
                     meta["capture_wall_s"], seconds)  # fmt: skip
 
 
-def _assemble(captured: dict[int, dict], world: int, uniform: bool) -> dict:
-    """The capture set: one template per distinct stream (up to groups), each rank's template, and
-    the groups of the ranks whose groups differ from their template's."""
+def _assemble(captured: dict[int, dict], rep_of: list[int]) -> dict:
+    """The capture set: one template per distinct stream (up to groups), each rank's template (its
+    representative's), and the groups of the ranks whose groups differ from their template's."""
+    world = len(rep_of)
     templates: list[dict] = []
     by_key: dict[str, int] = {}
-    rank_template = [0] * world
-    rank_groups: dict[str, list] = {}
+    template_of: dict[int, int] = {}
     for rank in sorted(captured):
         records = captured[rank]
         key = _ops_key(records)
@@ -267,16 +338,17 @@ def _assemble(captured: dict[int, dict], world: int, uniform: bool) -> dict:
             templates.append({"ops": records["ops"], "frames": records["frames"], "groups": records["groups"],
                               "peak_bytes": records["peak_bytes"], "iterations": records["iterations"],
                               "captured_from": rank})  # fmt: skip
-        elif records["groups"] != templates[index]["groups"]:
-            rank_groups[str(rank)] = records["groups"]
-        rank_template[rank] = index
-    if uniform:  # every rank runs the probes' stream: the ranks not captured take it
-        rank_template = [0] * world
-    else:
-        missing = [r for r in range(world) if r not in captured]
-        assert not missing, f"ranks {missing[:8]} not captured"
+        template_of[rank] = index
+    rank_template = [0] * world
+    rank_groups: dict[str, list] = {}
+    for rank in range(world):
+        rep = rep_of[rank]
+        assert rep in captured, f"rank {rank} has no captured representative"
+        index = rank_template[rank] = template_of[rep]
+        if captured[rep]["groups"] != templates[index]["groups"]:
+            rank_groups[str(rank)] = captured[rep]["groups"]
     return {"world_size": world, "templates": templates, "rank_template": rank_template, "rank_groups": rank_groups,
-            "uniform": uniform}  # fmt: skip
+            "ranks_captured": sorted(captured)}  # fmt: skip
 
 
 def _write_run_file(run_file: Path, script: Path, cluster: str, nnodes: int, nproc: int, captures: Path) -> None:
