@@ -23,6 +23,7 @@ itself: an unchanged rerun replays at once, an edited script is captured again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -84,7 +85,9 @@ def add_torchrun_parser(sub) -> None:
                    help="override a value of the replay's run config, as emulator run --set (repeatable), e.g. "
                         "--set cluster.tiers.1.algorithms.all_reduce=hierarchical")  # fmt: skip
     p.add_argument("--out", type=Path, help="run directory (default runs/<time>-<script>)")
-    p.add_argument("--backend", default="inline", help="where the replay runs: inline (default) or ray")
+    p.add_argument("--backend", default="inline",
+                   help="inline (default): capture in local processes, replay in this one; ray: capture as Ray tasks "
+                        "over the cluster, replay on Ray shards")  # fmt: skip
     p.add_argument("--shards", type=int, default=1, help="number of shards of the replay")
     p.add_argument("--address", help="Ray cluster address for --backend ray")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
@@ -217,8 +220,24 @@ def _next_batch(left: list[int], captured: dict, nproc: int, workers: int) -> li
     return batch
 
 
+def capture_ranks_task(script_text: str, script: str, cwd: str, script_args: list[str], ranks: list[int], world: int,
+                       nproc: int, gpu: dict) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
+    """:func:`_capture_batch` as a Ray task on any host of the cluster (``--backend ray``): the
+    script is the one at its path where that host has it unchanged, else its text written to a
+    folder of the task's own under the same name (a stream names only the file, so both capture
+    the same); the working directory is the driver's where the host has it."""
+    with tempfile.TemporaryDirectory(prefix="emulator-capture-") as tmp:
+        path = Path(script)
+        if not (path.is_file() and path.read_text() == script_text):
+            path = Path(tmp) / "script" / path.name
+            path.parent.mkdir()
+            path.write_text(script_text)
+        run_in = cwd if Path(cwd).is_dir() else tmp
+        return _capture_batch(path, script_args, ranks, world, nproc, gpu, Path(tmp), run_in)
+
+
 def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world: int, nproc: int, gpu: dict,
-                   work: Path) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
+                   work: Path, cwd: str | None = None) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
     """Capture ``ranks`` one after the other in one process (emulator/capture/rank.py forks a child
     per rank): ``[(rank, records or None, error line or None, seconds)]``."""
     specs = [{"script": str(script), "args": script_args, "rank": rank, "world_size": world,
@@ -228,7 +247,7 @@ def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world
     spec_path.write_text(json.dumps(specs))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     proc = subprocess.run([sys.executable, "-m", "emulator.capture.rank", str(spec_path)], env=env,
-                          capture_output=True, text=True, cwd=str(Path.cwd()))  # fmt: skip
+                          capture_output=True, text=True, cwd=cwd or str(Path.cwd()))  # fmt: skip
     results = []
     for spec in specs:
         out = Path(spec["out"])
@@ -256,8 +275,13 @@ def _ops_key(records: dict) -> str:
 
 
 def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluster: str, mode: str = "auto",
-            workers: int | None = None, recapture: bool = False, quiet: bool = False) -> Captured:  # fmt: skip
-    """Capture the script's ranks (or find them in the cache); the capture set and its run file."""
+            workers: int | None = None, recapture: bool = False, quiet: bool = False, backend: str = "inline",
+            address: str | None = None) -> Captured:  # fmt: skip
+    """Capture the script's ranks (or find them in the cache); the capture set and its run file.
+    ``backend``: ``inline`` captures in local processes, ``ray`` as Ray tasks over the cluster at
+    ``address`` (actors/tasks.py); the captures are the same."""
+    if backend not in ("inline", "ray"):
+        raise ConfigError(f"torchrun: --backend {backend!r}: choose inline or ray")
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"torchrun: no script {script!r}")
@@ -279,19 +303,31 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
         return Captured(captures_path, run_file, world, meta["ranks_captured"], meta["templates"], True, 0.0, [])
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    workers = max(1, workers or os.cpu_count() or 1)
     captured: dict[int, dict] = {}
     seconds: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="emulator-capture-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="emulator-capture-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
+        tasks = None
+        if backend == "ray":
+            from actors.tasks import RayTasks
+
+            tasks = stack.enter_context(RayTasks(address))
+        workers = max(1, workers or (tasks.slots if tasks is not None else os.cpu_count()) or 1)
+        script_text = path.read_text() if tasks is not None else ""
 
         def run(ranks: list[int]) -> None:
             if not ranks:
                 return
             batches = [ranks[i::workers] for i in range(min(workers, len(ranks)))]
-            with ThreadPoolExecutor(max_workers=len(batches)) as pool:
-                results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
-                                                                            nproc, gpu, work), batches) for r in batch]
+            if tasks is not None:
+                calls = [(script_text, str(path.resolve()), str(Path.cwd()), script_args, b, world, nproc, gpu)
+                         for b in batches]  # fmt: skip
+                results = [r for batch in tasks.map(capture_ranks_task, calls) for r in batch]
+            else:
+                with ThreadPoolExecutor(max_workers=len(batches)) as pool:
+                    results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
+                                                                                nproc, gpu, work), batches)
+                               for r in batch]  # fmt: skip
             errors = sorted((r, e) for r, _, e, _ in results if e is not None)
             if errors:
                 rank, line = errors[0]
