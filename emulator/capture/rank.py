@@ -1151,14 +1151,28 @@ def _capture_to_file(spec: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m emulator.capture.rank SPECS.json``: capture each rank of the list SPECS, each in a
     child forked from this process once torch and the distributed packages are imported (the imports
-    are most of a small script's capture); each child writes its ``out`` (or ``out.error``) and the
-    seconds it took to ``out.seconds``."""
+    are most of a small script's capture); each child writes its ``out`` (or ``out.error``), what
+    the script printed to ``out.log`` and the seconds it took to ``out.seconds``.
+
+    ``python -m emulator.capture.rank --serve``: the same for every line of stdin (a JSON list of
+    specs), answering each with a line holding the batch's exit status: a capture that goes on in
+    rounds (emulator/capture/torchrun.py) imports torch once per worker, not once per round."""
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        specs = json.load(f)
     for module in PREIMPORT:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    if argv[0] == "--serve":
+        answer = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # nothing else of this process may write to the answers
+        for line in sys.stdin:
+            answer.write(f"{_capture_specs(json.loads(line))}\n")
+            answer.flush()
+        return 0
+    with open(argv[0]) as f:
+        return _capture_specs(json.load(f))
+
+
+def _capture_specs(specs: list[dict]) -> int:
     status = 0
     for spec in specs:
         start = time.perf_counter()
@@ -1176,13 +1190,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _forked(spec: dict) -> int:
-    """Capture ``spec``'s rank in a child forked from this process; its exit code."""
+    """Capture ``spec``'s rank in a child forked from this process; its exit code. The child's
+    output (the script's prints, argparse's complaints) goes to ``out.log``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: one rank, then gone without running the parent's exit handlers
         code = 1
         try:
+            log = os.open(spec["out"] + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
             code = _capture_to_file(spec)
         finally:
             sys.stdout.flush()

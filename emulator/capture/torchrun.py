@@ -151,17 +151,19 @@ def covers(records: dict, rank: int, nproc: int) -> bool:
 
 
 def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, quiet: bool) -> list[int]:
-    """Capture ranks until every rank is covered (:func:`covers`) by a captured one: rank 0 first,
-    then in each round the first ``workers`` ranks not covered yet. Two rounds in a row whose ranks
+    """Capture ranks until every rank is covered (:func:`covers`) by a captured one: the first
+    ``workers`` ranks, then in each round up to ``workers`` ranks not covered yet (chosen by
+    :func:`_next_batch`). Two rounds in a row whose ranks
     cover no other rank (a script whose every rank differs) are followed by all the rest at once,
     one torch import per worker instead of one per round. Returns each rank's representative."""
     rep_of = [-1] * world
     left = list(range(world))
     barren = 0  # rounds in a row that covered no rank beyond their own
     while left:
-        batch = [0] if len(left) == world else _next_batch(left, captured, nproc, workers)
+        batch = left[:workers] if len(left) == world else _next_batch(left, captured, nproc, workers)
         if not quiet and len(left) == world:
-            print(f"capture: rank 0 of {world}...", file=sys.stderr, flush=True)
+            print(f"capture: rank(s) {','.join(map(str, batch))} of {world} ({workers} at once)...", file=sys.stderr,
+                  flush=True)  # fmt: skip
         run(batch)
         for rank in batch:
             captured[rank]["_group_sets"] = [frozenset(g) for g in captured[rank]["groups"]]
@@ -185,7 +187,7 @@ def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, 
                 rep_of[rank] = rank
             still = []
         elif still and not quiet and len(left) == world:
-            print(f"capture: {len(still)} rank(s) not covered by rank 0 (its identity decides what it does): "
+            print(f"capture: {len(still)} rank(s) not covered by those (their identity decides what they do): "
                   f"capturing until every rank is covered ({workers} at once)...", file=sys.stderr, flush=True)
         left = still
     for records in captured.values():
@@ -236,33 +238,76 @@ def capture_ranks_task(script_text: str, script: str, cwd: str, script_args: lis
         return _capture_batch(path, script_args, ranks, world, nproc, gpu, Path(tmp), run_in)
 
 
+class _Servers:
+    """One ``python -m emulator.capture.rank --serve`` per worker, started at its first batch and
+    kept for the capture's rounds (each imports torch once)."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def run(self, worker: int, spec_path: Path) -> None:
+        proc = self.procs.get(worker)
+        if proc is None or proc.poll() is not None:
+            log = open(self.work / f"server{worker}.log", "a")  # noqa: SIM115 - the process's, closed with it
+            proc = self.procs[worker] = subprocess.Popen(
+                [sys.executable, "-m", "emulator.capture.rank", "--serve"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, text=True, env=_capture_env(), cwd=str(Path.cwd()))  # fmt: skip
+            log.close()
+        proc.stdin.write(spec_path.read_text().replace("\n", " ") + "\n")
+        proc.stdin.flush()
+        if not proc.stdout.readline():  # it died: what it said is in its log
+            proc.wait()
+
+    def tail(self, worker: int) -> str:
+        path = self.work / f"server{worker}.log"
+        lines = path.read_text().strip().splitlines() if path.exists() else []
+        return lines[-1] if lines else "no output"
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            proc.wait()
+
+
+def _capture_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+
+
 def _capture_batch(script: Path, script_args: list[str], ranks: list[int], world: int, nproc: int, gpu: dict,
-                   work: Path, cwd: str | None = None) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
+                   work: Path, cwd: str | None = None, servers: _Servers | None = None,
+                   worker: int = 0) -> list[tuple[int, dict | None, str | None, float]]:  # fmt: skip
     """Capture ``ranks`` one after the other in one process (emulator/capture/rank.py forks a child
-    per rank): ``[(rank, records or None, error line or None, seconds)]``."""
+    per rank): a worker of ``servers``, else a process of its own; ``[(rank, records or None, error
+    line or None, seconds)]``."""
     specs = [{"script": str(script), "args": script_args, "rank": rank, "world_size": world,
               "local_rank": rank % nproc, "nproc_per_node": nproc, "gpu": gpu, "out": str(work / f"rank{rank}.json")}
              for rank in ranks]  # fmt: skip
     spec_path = work / f"batch{ranks[0]}.json"
     spec_path.write_text(json.dumps(specs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    proc = subprocess.run([sys.executable, "-m", "emulator.capture.rank", str(spec_path)], env=env,
-                          capture_output=True, text=True, cwd=cwd or str(Path.cwd()))  # fmt: skip
+    if servers is not None:
+        servers.run(worker, spec_path)
+        failed = servers.tail(worker)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "emulator.capture.rank", str(spec_path)], env=_capture_env(),
+                              capture_output=True, text=True, cwd=cwd or str(Path.cwd()))  # fmt: skip
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        failed = tail[-1] if tail else str(proc.returncode)
     results = []
     for spec in specs:
         out = Path(spec["out"])
-        error_path, seconds_path = Path(f"{out}.error"), Path(f"{out}.seconds")
+        error_path, seconds_path, log_path = Path(f"{out}.error"), Path(f"{out}.seconds"), Path(f"{out}.log")
         seconds = float(seconds_path.read_text()) if seconds_path.exists() else 0.0
         if error_path.exists():
             line = error_path.read_text().strip()
-            said = [text for text in (proc.stderr or "").strip().splitlines() if text.strip()]
+            said = [text for text in log_path.read_text().strip().splitlines() if text.strip()] \
+                if log_path.exists() else []  # fmt: skip
             if "exited with status" in line and said:  # argparse and the like say why on stderr
                 line += f" ({said[-1].strip()})"
             results.append((spec["rank"], None, line, seconds))
         elif not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()
-            results.append((spec["rank"], None, f"capture process failed: {tail[-1] if tail else proc.returncode}",
-                            seconds))  # fmt: skip
+            results.append((spec["rank"], None, f"capture process failed: {failed}", seconds))
         else:
             with open(out) as f:
                 results.append((spec["rank"], json.load(f), None, seconds))
@@ -314,6 +359,10 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
             tasks = stack.enter_context(RayTasks(address))
         workers = max(1, workers or (tasks.slots if tasks is not None else os.cpu_count()) or 1)
         script_text = path.read_text() if tasks is not None else ""
+        servers = None
+        if tasks is None:
+            servers = _Servers(work)
+            stack.callback(servers.close)
 
         def run(ranks: list[int]) -> None:
             if not ranks:
@@ -325,9 +374,10 @@ def capture(script: str, script_args: list[str], nnodes: int, nproc: int, cluste
                 results = [r for batch in tasks.map(capture_ranks_task, calls) for r in batch]
             else:
                 with ThreadPoolExecutor(max_workers=len(batches)) as pool:
-                    results = [r for batch in pool.map(lambda b: _capture_batch(path.resolve(), script_args, b, world,
-                                                                                nproc, gpu, work), batches)
-                               for r in batch]  # fmt: skip
+                    results = [r for batch in pool.map(lambda i: _capture_batch(path.resolve(), script_args,
+                                                                                batches[i], world, nproc, gpu, work,
+                                                                                servers=servers, worker=i),
+                                                       range(len(batches))) for r in batch]  # fmt: skip
             errors = sorted((r, e) for r, _, e, _ in results if e is not None)
             if errors:
                 rank, line = errors[0]
