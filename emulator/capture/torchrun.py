@@ -145,7 +145,10 @@ def covers(records: dict, rank: int, nproc: int) -> bool:
     and ``rank`` is a member of every process group the stream uses. The groups are what torch's
     libraries choose by reading the rank themselves (a device mesh's sub-group, FSDP's shard group);
     they choose the group that holds the rank, among groups that every rank creates in the same
-    order, so a rank of each of them chooses them too."""
+    order, so a rank of each of them chooses them too. A stream with sends or receives covers only
+    its own rank: their peers are ranks, which a library may derive from the rank it read itself."""
+    if records["_has_p2p"] and rank != records["rank"]:
+        return False
     return same_stream(records.get("predicates", []), Identity(rank, nproc)) and all(
         rank in members for members in records["_group_sets"])
 
@@ -167,6 +170,7 @@ def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, 
         run(batch)
         for rank in batch:
             captured[rank]["_group_sets"] = [frozenset(g) for g in captured[rank]["groups"]]
+            captured[rank]["_has_p2p"] = any(op[0] == "P" for op in captured[rank]["ops"])
             rep_of[rank] = rank
         still = []
         for rank in left:
@@ -192,6 +196,7 @@ def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, 
         left = still
     for records in captured.values():
         records.pop("_group_sets", None)
+        records.pop("_has_p2p", None)
     return rep_of
 
 

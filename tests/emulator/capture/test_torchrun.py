@@ -184,6 +184,29 @@ def test_ranks_outside_the_captured_ranks_groups_are_captured_themselves(tmp_pat
     assert captures["rank_groups"] == {str(r): [[4, 5, 6, 7]] for r in range(4, 8)}
 
 
+def test_a_stream_with_sends_covers_only_its_own_rank(tmp_path):
+    # the peers come from a library's own read of the rank, which capture does not follow
+    library = tmp_path / "site-packages" / "peerlib.py"
+    library.parent.mkdir()
+    library.write_text("import torch.distributed as dist\n\n\ndef peers(n):\n    me = dist.get_rank()\n"
+                       "    return (me + 1) % n, (me - 1) % n\n")  # fmt: skip
+    script = _bare(tmp_path, """
+        import sys
+        sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0] + "/site-packages")
+        import peerlib
+        after, before = peerlib.peers(4)
+        buf = torch.zeros(256, device="cuda")
+        ops = [dist.P2POp(dist.isend, buf, after), dist.P2POp(dist.irecv, buf, before)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    """, "ring.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 1, 4, "dgx-h100-ndr", workers=1, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0, 1, 2, 3]
+    peers = [[op[2] for op in captures["templates"][t]["ops"] if op[0] == "P"] for t in captures["rank_template"]]
+    assert peers == [[1, 3], [2, 0], [3, 1], [0, 2]]
+
+
 def test_a_script_that_trips_on_the_identity_value_is_captured_with_plain_values(tmp_path):
     script = _bare(tmp_path, """
         import json
