@@ -79,7 +79,8 @@ def add_torchrun_parser(sub) -> None:
     p.add_argument("--capture", choices=("auto", "all"), default="auto",
                    help="auto: capture until every rank is provably covered by a captured one (default); all: every "
                         "rank")  # fmt: skip
-    p.add_argument("--workers", type=int, help="rank captures at once (default: the cores)")
+    p.add_argument("--workers", type=int, help="rank captures at once (default: the cores; with --backend ray, the "
+                                               "cluster's CPUs)")  # fmt: skip
     p.add_argument("--recapture", action="store_true", help="ignore the cached capture")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a value of the replay's run config, as emulator run --set (repeatable), e.g. "
