@@ -276,10 +276,9 @@ def _rank_value_ops(cls):
         def backward(self, other, _name=name):
             return self._binary(_name, other, self)
 
-        dunder = {"and": "and_", "or": "or_"}.get(name, name)
-        setattr(cls, f"__{dunder.rstrip('_')}__", forward)
+        setattr(cls, f"__{name}__", forward)  # BINARY's names are the dunders' ("and": __and__)
         if name not in compare:
-            setattr(cls, f"__r{dunder.rstrip('_')}__", backward)
+            setattr(cls, f"__r{name}__", backward)
     for name in ("neg", "pos", "abs", "invert"):
         setattr(cls, f"__{name}__", lambda self, _name=name: self._derived([_name, self.expr],
                                                                            UNARY[_name](self.value)))
