@@ -133,7 +133,7 @@ def cmd_torchrun(args) -> int:
     from emulator.capture.torchrun import capture, replay_config
 
     captured = capture(args.script, list(args.script_args), args.nnodes, args.nproc_per_node, args.cluster,
-                       args.capture, args.workers, args.recapture, args.quiet)  # fmt: skip
+                       args.capture, args.workers, args.recapture, args.quiet, args.backend, args.address)  # fmt: skip
     if not args.quiet:
         print(captured.describe(), file=sys.stderr, flush=True)
     args.wandb = False

@@ -39,6 +39,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import json
+import numbers
 import os
 import runpy
 import sys
@@ -56,6 +57,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
+
+from emulator.capture.identity import BINARY, ENV, UNARY
 
 aten = torch.ops.aten
 
@@ -143,6 +146,35 @@ class Recorder:
         self.iterations = 0
         self.stream = 0  # the current CUDA stream (0: the default one, where compute runs)
         self.streams = 0  # streams created so far
+        # the script's uses of its rank identity (emulator/capture/identity.py): [expression, answer]
+        self.predicates: list = []
+        self._predicate_keys: set[str] = set()
+        self.folder = os.path.dirname(self.script) + os.sep
+        self.exact = False  # identity reads return plain values (each read recorded exactly)
+
+    def is_script_file(self, filename: str) -> bool:
+        """Whether code of ``filename`` is the script's own (a file of its folder, not a package
+        installed there)."""
+        return filename.startswith(self.folder) and "site-packages" not in filename
+
+    def script_calling(self, depth: int) -> bool:
+        """Whether the caller ``depth`` frames up is the script's own code."""
+        f = sys._getframe(depth + 1)
+        return f is not None and self.is_script_file(f.f_code.co_filename)
+
+    def predicate(self, expr, answer) -> None:
+        key = json.dumps([expr, answer], separators=(",", ":"))
+        if key not in self._predicate_keys:
+            self._predicate_keys.add(key)
+            self.predicates.append([expr, answer])
+
+    def identity(self, expr, value):
+        """What an identity read by the script returns: a RankValue (plain, and recorded exactly,
+        in exact mode)."""
+        if self.exact:
+            self.predicate(expr, value)
+            return value
+        return RankValue(expr, value, self)
 
     # -- frames -------------------------------------------------------------------------------
     def frame(self) -> int:
@@ -228,7 +260,104 @@ class Recorder:
     def dump(self) -> dict:
         return {"rank": self.rank, "world_size": self.world, "ops": self.ops, "frames": self.frames,
                 "groups": [list(g) for g in self.groups], "peak_bytes": self.peak_bytes,
-                "iterations": self.iterations}  # fmt: skip
+                "iterations": self.iterations, "predicates": self.predicates, "exact_identity": self.exact}  # fmt: skip
+
+
+def _rank_value_ops(cls):
+    """RankValue's operators: arithmetic stays an expression, a comparison records its answer."""
+    compare = {"eq", "ne", "lt", "le", "gt", "ge"}
+    for name in BINARY:
+        if name == "item":
+            continue
+
+        def forward(self, other, _name=name):
+            return self._binary(_name, self, other)
+
+        def backward(self, other, _name=name):
+            return self._binary(_name, other, self)
+
+        setattr(cls, f"__{name}__", forward)  # BINARY's names are the dunders' ("and": __and__)
+        if name not in compare:
+            setattr(cls, f"__r{name}__", backward)
+    for name in ("neg", "pos", "abs", "invert"):
+        setattr(cls, f"__{name}__", lambda self, _name=name: self._derived([_name, self.expr],
+                                                                           UNARY[_name](self.value)))
+    return cls
+
+
+@_rank_value_ops
+class RankValue:
+    """A rank identity the script read (emulator/capture/identity.py): behaves as its number, and
+    records how the script uses it. Not an ``int`` subclass on purpose: CPython reads an int
+    subclass's value directly where it indexes, sizes or loops, unseen; this one answers those
+    through ``__index__``, which records the exact value."""
+
+    __slots__ = ("expr", "value", "rec")
+
+    def __init__(self, expr, value, rec: Recorder):
+        self.expr, self.value, self.rec = expr, value, rec
+
+    def _derived(self, expr, value):
+        return RankValue(expr, value, self.rec) if isinstance(value, (int, float)) else value
+
+    def _binary(self, name, a, b):
+        def parts(x):
+            if isinstance(x, RankValue):
+                return x.expr, x.value
+            if isinstance(x, (bool, int, float)):
+                return ["const", x], x
+            return None, None
+
+        (ea, va), (eb, vb) = parts(a), parts(b)
+        if ea is None or eb is None:
+            return NotImplemented
+        value = BINARY[name](va, vb)
+        expr = [name, ea, eb]
+        if isinstance(value, bool):  # a comparison: its answer is what the script decides on
+            self.rec.predicate(expr, value)
+            return value
+        if name == "divmod":
+            return tuple(self._derived(["item", expr, ["const", i]], v) for i, v in enumerate(value))
+        return self._derived(expr, value)
+
+    def exact(self):
+        self.rec.predicate(self.expr, self.value)
+        return self.value
+
+    def __bool__(self) -> bool:
+        value = bool(self.value)
+        self.rec.predicate(["bool", self.expr], value)
+        return value
+
+    def __index__(self) -> int:
+        return int(self.exact())
+
+    def __int__(self) -> int:
+        return int(self.exact())
+
+    def __float__(self) -> float:
+        return float(self.exact())
+
+    def __hash__(self) -> int:
+        return hash(self.exact())
+
+    def __str__(self) -> str:
+        return str(self.exact())
+
+    def __repr__(self) -> str:
+        return repr(self.exact())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.exact(), spec)
+
+    def __round__(self, ndigits=None):
+        return round(self.exact(), ndigits)
+
+    def __trunc__(self):
+        return int(self.exact())
+
+
+numbers.Integral.register(RankValue)  # ``isinstance(rank, numbers.Integral)`` as for an int
 
 
 def _group_ranks(pg) -> tuple[int, ...]:
@@ -835,6 +964,89 @@ def _patch_distributed(rec: Recorder, rank: int, world: int) -> None:
         dist.utils._sync_module_states = lambda *a, **k: None
 
 
+def _patch_identity(rec: Recorder) -> None:
+    """The rank identity the script's own code reads comes back as RankValues (identity.py); what
+    torch's libraries read stays plain (they pick among process groups, checked by torchrun)."""
+    c10d = dist.distributed_c10d
+    original_get_rank = c10d.get_rank
+
+    @functools.wraps(original_get_rank)
+    def get_rank(group=None):
+        value = original_get_rank(group)
+        if not rec.script_calling(1):
+            return value
+        expr = ["rank"] if group is None or group is dist.group.WORLD else ["grank", list(_group_ranks(group))]
+        return rec.identity(expr, value)
+
+    dist.get_rank = c10d.get_rank = get_rank
+    original_local = c10d.get_node_local_rank
+
+    @functools.wraps(original_local)
+    def get_node_local_rank(fallback_rank=None):
+        value = original_local(fallback_rank)
+        return rec.identity(["local"], value) if rec.script_calling(1) else value
+
+    dist.get_node_local_rank = c10d.get_node_local_rank = get_node_local_rank
+    original_pg_rank = dist.ProcessGroup.rank
+
+    def pg_rank(self):
+        value = original_pg_rank(self)
+        if not rec.script_calling(1):
+            return value
+        return rec.identity(["grank", list(dist.get_process_group_ranks(self))], value)
+
+    dist.ProcessGroup.rank = pg_rank
+    from torch.distributed import device_mesh
+
+    mesh_class = device_mesh.DeviceMesh
+
+    def mesh_expr(mesh, dim: int):
+        return ["coord", [int(r) for r in mesh.mesh.flatten().tolist()], list(mesh.mesh.shape), dim]
+
+    original_mesh_rank, original_local_rank = mesh_class.get_rank, mesh_class.get_local_rank
+    original_coordinate = mesh_class.get_coordinate
+
+    def mesh_get_rank(self):
+        value = original_mesh_rank(self)
+        return rec.identity(["rank"], value) if rec.script_calling(1) else value
+
+    def mesh_get_local_rank(self, mesh_dim=None):
+        value = original_local_rank(self, mesh_dim)
+        if not rec.script_calling(1):
+            return value
+        dim = 0 if mesh_dim is None else mesh_dim if isinstance(mesh_dim, int) else self.mesh_dim_names.index(mesh_dim)
+        return rec.identity(mesh_expr(self, dim), value)
+
+    def mesh_get_coordinate(self):
+        value = original_coordinate(self)
+        if value is None or not rec.script_calling(1):
+            return value
+        return [rec.identity(mesh_expr(self, d), v) for d, v in enumerate(value)]
+
+    mesh_class.get_rank, mesh_class.get_local_rank = mesh_get_rank, mesh_get_local_rank
+    mesh_class.get_coordinate = mesh_get_coordinate
+    # the environment torchrun gives: a variable naming the rank, read by the script, is recorded
+    # with its exact value (a string: what the script makes of it cannot be followed)
+    environ_class = type(os.environ)
+
+    class WatchedEnviron(environ_class):
+        def __getitem__(self, key):
+            value = super().__getitem__(key)
+            if key in ENV and _script_frame_outside(rec, ("os.py", "_collections_abc.py")):
+                rec.predicate(["env", key], value)
+            return value
+
+    os.environ.__class__ = WatchedEnviron
+
+
+def _script_frame_outside(rec: Recorder, skip: tuple[str, ...]) -> bool:
+    """Whether the first frame up the stack outside the files ``skip`` is the script's own."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.endswith(skip):
+        f = f.f_back
+    return f is not None and rec.is_script_file(f.f_code.co_filename)
+
+
 def _ddp_allreduce_hook(group, bucket):
     buffer = bucket.buffer()
     buffer.div_((group or dist.group.WORLD).size())
@@ -872,6 +1084,8 @@ def capture(spec: dict) -> dict:
     _patch_autocast()
     _patch_module_to(rec)
     _patch_distributed(rec, rank, world)
+    _patch_identity(rec)
+    rec.exact = bool(spec.get("exact_identity"))
     _patch_optimizer(rec)
     builtins_mark = rec.mark_iteration
     import builtins
@@ -936,34 +1150,63 @@ def _capture_to_file(spec: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m emulator.capture.rank SPECS.json``: capture each rank of the list SPECS, each in a
     child forked from this process once torch and the distributed packages are imported (the imports
-    are most of a small script's capture); each child writes its ``out`` (or ``out.error``) and the
-    seconds it took to ``out.seconds``."""
+    are most of a small script's capture); each child writes its ``out`` (or ``out.error``), what
+    the script printed to ``out.log`` and the seconds it took to ``out.seconds``.
+
+    ``python -m emulator.capture.rank --serve``: the same for every line of stdin (a JSON list of
+    specs), answering each with a line holding the batch's exit status: a capture that goes on in
+    rounds (emulator/capture/torchrun.py) imports torch once per worker, not once per round."""
     argv = sys.argv[1:] if argv is None else argv
-    with open(argv[0]) as f:
-        specs = json.load(f)
     for module in PREIMPORT:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
+    if argv[0] == "--serve":
+        answer = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # nothing else of this process may write to the answers
+        for line in sys.stdin:
+            answer.write(f"{_capture_specs(json.loads(line))}\n")
+            answer.flush()
+        return 0
+    with open(argv[0]) as f:
+        return _capture_specs(json.load(f))
+
+
+def _capture_specs(specs: list[dict]) -> int:
     status = 0
     for spec in specs:
         start = time.perf_counter()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: one rank, then gone without running the parent's exit handlers
-            code = 1
-            try:
-                code = _capture_to_file(spec)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, wait_status = os.waitpid(pid, 0)
-        code = os.waitstatus_to_exitcode(wait_status)
+        code = _forked(spec)
+        if code != 0 and not spec.get("exact_identity"):
+            # a script may trip on the RankValues its identity reads return (a type check, a C
+            # function wanting an int): again with plain values, each read recorded exactly
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(spec["out"] + ".error")
+            code = _forked(dict(spec, exact_identity=True))
         with open(spec["out"] + ".seconds", "w") as f:
             f.write(f"{time.perf_counter() - start:.3f}")
         status = max(status, code)
     return status
+
+
+def _forked(spec: dict) -> int:
+    """Capture ``spec``'s rank in a child forked from this process; its exit code. The child's
+    output (the script's prints, argparse's complaints) goes to ``out.log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: one rank, then gone without running the parent's exit handlers
+        code = 1
+        try:
+            log = os.open(spec["out"] + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            code = _capture_to_file(spec)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, wait_status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wait_status)
 
 
 if __name__ == "__main__":

@@ -105,13 +105,61 @@ def test_a_training_step_is_captured_and_replayed(tmp_path, capsys):
     assert main(["report", str(out_dir)]) == 0
 
 
-def test_identical_ranks_are_captured_once_and_different_ones_each(tmp_path):
+def _bare(tmp_path: Path, body: str, name: str) -> Path:
+    """A script that reads no rank identity of its own (no HEADER)."""
+    path = tmp_path / name
+    path.write_text("import torch\nimport torch.distributed as dist\n\ndist.init_process_group('nccl')\n"
+                    + textwrap.dedent(body))  # fmt: skip
+    return path
+
+
+def test_ranks_that_never_read_their_identity_are_captured_once(tmp_path):
+    same = _bare(tmp_path, """
+        w = torch.zeros(256, device="cuda")
+        for _ in range(2):
+            dist.all_reduce(w)
+        print("world", dist.get_world_size())  # the world size is the same on every rank
+    """, "same.py")  # fmt: skip
+    captured = torchrun.capture(str(same), [], 2, 4, "dgx-h100-ndr", workers=1, quiet=True)
+    assert (captured.ranks_captured, captured.templates) == (1, 1)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0] and captures["rank_template"] == [0] * 8
+
+
+def test_ranks_are_captured_once_per_local_rank_when_the_script_reads_local_rank(tmp_path):
+    # LOCAL_RANK is read as a string whose use cannot be followed: one capture per value, equal streams
     same = _script(tmp_path, """
         w = torch.zeros(256, device="cuda")
         dist.all_reduce(w)
-    """, "same.py")  # fmt: skip
-    captured = torchrun.capture(str(same), [], 2, 4, "dgx-h100-ndr", quiet=True)
-    assert (captured.ranks_captured, captured.templates) == (len(torchrun.probe_ranks(8, 4)), 1)
+    """, "local.py")  # fmt: skip
+    captured = torchrun.capture(str(same), [], 3, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0, 1, 2, 3] and captured.templates == 1
+
+
+def test_a_rank_whose_identity_changes_its_stream_is_captured_and_the_others_share(tmp_path):
+    # rank 7 of 8 does an extra op: neither the first node's ranks nor a sample of probes show it
+    differ = _bare(tmp_path, """
+        rank = dist.get_rank()
+        w = torch.zeros(256, device="cuda")
+        if rank == 7:
+            w = w * 3
+        if rank % 4 == 0:
+            print("a node's first rank logs")  # a use that changes nothing on the GPU
+        dist.all_reduce(w)
+    """, "seventh.py")  # fmt: skip
+    captured = torchrun.capture(str(differ), [], 2, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    # ranks 0 and 1 first (2 at once): 0 covers the ranks whose answers match its own (rank == 7 no,
+    # rank % 4 == 0 yes), 4; 1 covers 2, 3, 5 and 6; 7 is its own
+    assert captures["ranks_captured"] == [0, 1, 7]
+    assert captured.templates == 2  # rank 1's stream equals rank 0's: one copy
+    assert [captures["templates"][t]["captured_from"] for t in captures["rank_template"]] == [0] * 7 + [7]
+    mul = [op for op in captures["templates"][1]["ops"] if op[0] == "C" and op[1] == "mul"]
+    assert mul and not [op for op in captures["templates"][0]["ops"] if op[0] == "C" and op[1] == "mul"]
+
+
+def test_every_rank_is_captured_when_each_uses_its_identity(tmp_path):
     differ = _script(tmp_path, """
         x = torch.ones(64 * (1 + rank), device="cuda") * 2  # each rank's own kernel size
         w = torch.zeros(256, device="cuda")
@@ -119,6 +167,57 @@ def test_identical_ranks_are_captured_once_and_different_ones_each(tmp_path):
     """, "differ.py")  # fmt: skip
     captured = torchrun.capture(str(differ), [], 1, 4, "dgx-h100-ndr", quiet=True)
     assert (captured.ranks_captured, captured.templates) == (4, 4)
+
+
+def test_ranks_outside_the_captured_ranks_groups_are_captured_themselves(tmp_path):
+    # each node's ranks form a group chosen by torch's device mesh (its own read of the rank): a rank
+    # of another node cannot take rank 0's groups, though the script's code never reads the rank
+    script = _bare(tmp_path, """
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w, group=mesh.get_group("tp"))
+    """, "mesh.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 2, 4, "dgx-h100-ndr", workers=1, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0, 4] and captured.templates == 1
+    assert captures["rank_groups"] == {str(r): [[4, 5, 6, 7]] for r in range(4, 8)}
+
+
+def test_a_stream_with_sends_covers_only_its_own_rank(tmp_path):
+    # the peers come from a library's own read of the rank, which capture does not follow
+    library = tmp_path / "site-packages" / "peerlib.py"
+    library.parent.mkdir()
+    library.write_text("import torch.distributed as dist\n\n\ndef peers(n):\n    me = dist.get_rank()\n"
+                       "    return (me + 1) % n, (me - 1) % n\n")  # fmt: skip
+    script = _bare(tmp_path, """
+        import sys
+        sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0] + "/site-packages")
+        import peerlib
+        after, before = peerlib.peers(4)
+        buf = torch.zeros(256, device="cuda")
+        ops = [dist.P2POp(dist.isend, buf, after), dist.P2POp(dist.irecv, buf, before)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    """, "ring.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 1, 4, "dgx-h100-ndr", workers=1, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0, 1, 2, 3]
+    peers = [[op[2] for op in captures["templates"][t]["ops"] if op[0] == "P"] for t in captures["rank_template"]]
+    assert peers == [[1, 3], [2, 0], [3, 1], [0, 2]]
+
+
+def test_a_script_that_trips_on_the_identity_value_is_captured_with_plain_values(tmp_path):
+    script = _bare(tmp_path, """
+        import json
+        rank = dist.get_rank()
+        assert isinstance(rank, int), type(rank)  # a RankValue is not an int: captured again, exactly
+        json.dumps({"rank": rank})
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w)
+    """, "strict.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 1, 4, "dgx-h100-ndr", quiet=True)
+    assert (captured.ranks_captured, captured.templates) == (4, 1)
 
 
 def test_an_unchanged_rerun_reuses_the_capture_and_an_edit_recaptures(tmp_path, monkeypatch):

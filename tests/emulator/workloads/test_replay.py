@@ -94,7 +94,8 @@ def test_same_results_on_any_shard_count(tmp_path):
     run = _write(tmp_path, _captures(world, _dp_template(world)))
     one = emulator.run(run, overrides={"cluster.nodes": 2})
     two = emulator.run(run, overrides={"cluster.nodes": 2}, shards=2)
-    assert one.fingerprint == two.fingerprint
+    four = emulator.run(run, overrides={"cluster.nodes": 2}, shards=4)
+    assert one.fingerprint == two.fingerprint == four.fingerprint
 
 
 def test_a_mismatched_collective_names_the_script_line_and_ranks():
