@@ -317,3 +317,29 @@ def test_transformer_encoder_layer_captures_in_training_and_inference(tmp_path, 
     """)
     code, out, err = _torchrun(capsys, path)
     assert code == 0, err
+
+
+def _optimizer_ops(tmp_path: Path, name: str, optimizer_args: str, layers: int) -> list[str]:
+    path = _script(tmp_path, f"""
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range({layers})]).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(){optimizer_args})
+        model(torch.randn(4, 64, device="cuda")).sum().backward()
+        marker = torch.ones(1, device="cuda")
+        dist.all_reduce(marker)  # the step's ops follow this collective
+        optimizer.step()
+    """, name)  # fmt: skip
+    captured = torchrun.capture(str(path), [], 1, 2, "dgx-h100-ndr", workers=1, quiet=True)
+    ops = json.loads(captured.path.read_text())["templates"][0]["ops"]
+    after = next(i for i, op in enumerate(ops) if op[0] == "K")
+    # the optimizer's state is created per parameter on the first step, on a GPU too: left out
+    return [op[1] for op in ops[after:] if op[0] == "C" and op[1] != "zeros_like"]
+
+
+def test_optimizers_on_the_pretend_gpu_run_the_multi_tensor_kernels_a_gpu_gets(tmp_path):
+    """torch's default for CUDA parameters is foreach: the step's kernel count does not grow with the
+    number of parameters; a script that asks for the per-parameter loop still gets it."""
+    two = _optimizer_ops(tmp_path, "two.py", "", 2)
+    eight = _optimizer_ops(tmp_path, "eight.py", "", 8)
+    assert len(two) == len(eight) and any(name.startswith("_foreach") for name in eight), eight
+    looped = _optimizer_ops(tmp_path, "looped.py", ", foreach=False", 8)
+    assert len(looped) > 4 * len(eight) and not any(name.startswith("_foreach") for name in looped)
