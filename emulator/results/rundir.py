@@ -61,17 +61,19 @@ def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
     return out_dir
 
 
-def build_tables(config, summary: dict, result: RunResult, topo,
-                 timeline: tables.TimelineColumns | None = None) -> RunTables:  # fmt: skip
-    """Derive every table of a finished run (``timeline``: its columns, when already derived)."""
+def build_tables(config, summary: dict, result: RunResult, topo, timeline: tables.TimelineColumns | None = None,
+                 ends: dict | None = None) -> RunTables:  # fmt: skip
+    """Derive every table of a finished run (``timeline``: its columns, ``ends``: the links'
+    endpoints, when already derived)."""
     from emulator.config.typed import to_dict
 
+    ends = tables.link_endpoints(topo) if ends is None else ends
     if timeline is None:
-        timeline = tables.timeline_columns(result, topo)
+        timeline = tables.timeline_columns(result, topo, ends)
     return RunTables(
         summary=summary,
         config=to_dict(config),
-        links=tables.link_rows(result, topo),
+        links=tables.link_rows(result, topo, ends),
         ranks=tables.rank_rows(result, topo, config),
         histograms=tables.histogram_rows(result, topo),
         timeline=timeline.rows(),
@@ -81,8 +83,9 @@ def build_tables(config, summary: dict, result: RunResult, topo,
 def write_results(out_dir: str | Path, config, summary: dict, result: RunResult, topo) -> tuple[Path, RunTables]:
     """Write the whole run directory; returns it and the tables written."""
     out = write_run_dir(Path(out_dir), config, summary)
-    timeline = tables.timeline_columns(result, topo)
-    data = build_tables(config, summary, result, topo, timeline)
+    ends = tables.link_endpoints(topo)
+    timeline = tables.timeline_columns(result, topo, ends)
+    data = build_tables(config, summary, result, topo, timeline, ends)
     for name, columns in CSV_TABLES.items():
         if name == "timeline" and tables.csv_plain(topo.tier_names):
             # timeline.csv, the long one: its values are ints, floats and the tier names, which the

@@ -80,10 +80,11 @@ def sim_time_ns(result: RunResult) -> int:
     return max((r.final_time_ns for r in result.ranks), default=0)
 
 
-def link_rows(result: RunResult, topo) -> list[dict]:
-    """One row per link of the cluster (unused links included, with zeros)."""
+def link_rows(result: RunResult, topo, ends: dict | None = None) -> list[dict]:
+    """One row per link of the cluster (unused links included, with zeros); ``ends``:
+    :func:`link_endpoints`, when the caller has them already."""
     sim_ns = sim_time_ns(result)
-    ends = link_endpoints(topo)
+    ends = link_endpoints(topo) if ends is None else ends
     rows = []
     for link, name in enumerate(topo.link_name):
         nbytes, busy, messages, max_wait = result.links.get(link, (0, 0, 0, 0))
@@ -153,10 +154,10 @@ def histogram_rows(result: RunResult, topo) -> list[dict]:
     ]
 
 
-def sender_capacity_bytes_per_ns(topo) -> list[float]:
+def sender_capacity_bytes_per_ns(topo, ends: dict | None = None) -> list[float]:
     """Per link tier, the bandwidth of its sender-side links (``tx`` and ``up``), which every
     message crossing the tier occupies once (the receiver side mirrors it)."""
-    ends = link_endpoints(topo)
+    ends = link_endpoints(topo) if ends is None else ends
     cap = [0.0] * len(topo.tier_names)
     for link, bw in enumerate(topo.link_bw):
         if ends[link][0] in ("tx", "up"):
@@ -315,15 +316,15 @@ def round6(values: list[int], divisor: float) -> list[float]:
     return out
 
 
-def timeline_columns(result: RunResult, topo) -> TimelineColumns:
+def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> TimelineColumns:
     """Traffic per tier per time bucket (only buckets with traffic); see the README (Results).
 
     ``message_bytes``: messages whose highest tier is this one, by the bucket they start in;
     ``link_bytes``: what this tier's links carry (a message crossing the spine also crosses the NICs);
-    ``utilisation``: link_bytes / (tier sender-side capacity * bucket).
+    ``utilisation``: link_bytes / (tier sender-side capacity * bucket). ``ends``: as for :func:`link_rows`.
     """
     tiers = len(topo.tier_names)
-    cap = sender_capacity_bytes_per_ns(topo)
+    cap = sender_capacity_bytes_per_ns(topo, ends)
     bucket_ns = result.bucket_ns
     out = TimelineColumns([], [], [], [], [], [], [])
     for tier in range(tiers):
