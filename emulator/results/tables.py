@@ -192,6 +192,9 @@ class TimelineColumns:
     seconds: tuple[int, list[float]] | None = None
     _texts: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __len__(self) -> int:  # the number of rows: no rows, no counters in the trace
+        return len(self.bucket)
+
     @classmethod
     def from_rows(cls, rows: list[dict]) -> TimelineColumns:
         return cls(*([row[c] for row in rows] for c in TIMELINE_COLUMNS))

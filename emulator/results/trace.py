@@ -69,9 +69,10 @@ def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
     """The event texts of :func:`trace_event_texts` in lists (a rank's operations, a tier's counters):
     :func:`write_trace` joins each list in one call instead of resuming a generator per event.
 
-    The per-operation texts are built from per-rank caches, because the texts repeat: a rank repeats
-    few names (each layer's kernels carry the same name in every microbatch), so the part before
-    ``"ts"`` is formatted once per (stream, name, kind); and the peers of a folded tensor group
+    The per-operation texts are built from cached parts, because the texts repeat: the traced ranks
+    repeat few names (each layer's kernels carry the same name in every microbatch and on every
+    rank of a folded group), so ``{"name":...,"cat":...,`` is formatted once per (name, kind) and
+    ``"pid":...,"tid":...,"ts":`` once per stream of a rank; and the peers of a folded tensor group
     (emulator/engine/folding.py) have the representative's streams and times exactly, so the part
     from ``"ts"`` on (two float reprs, the costly part) and the wait slices are reused when a rank's
     streams, starts and ends equal the previous rank's (compared as whole lists, in C)."""

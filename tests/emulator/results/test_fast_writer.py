@@ -148,6 +148,17 @@ def test_run_directory_files_are_the_reference_bytes(dp_dir, tmp_path, seed):
     assert (out / "trace.json").read_text() == reference_trace(result, topo, rows, meta)
 
 
+def test_no_traffic_no_counters(dp_dir, tmp_path):
+    config = load_run(dp_dir / "config.yaml")
+    topo = Topology(config.cluster)
+    result = _fuzzed(random.Random(3), topo)
+    result.timeline = [{} for _ in topo.tier_names]
+    out, data = write_results(tmp_path / "run", config, {}, result, topo)
+    assert data.timeline == []
+    assert (out / "trace.json").read_text() == reference_trace(result, topo, [], {"name": "", "fingerprint": ""})
+    assert '"network"' not in (out / "trace.json").read_text()
+
+
 def test_trace_from_rows_of_any_order_and_values(dp_dir, tmp_path):
     """Timeline rows read back (dicts), tiers interleaved, a value json writes differently from str."""
     topo = Topology(load_run(dp_dir / "config.yaml").cluster)
