@@ -171,6 +171,9 @@ def csv_plain(texts) -> bool:
     return all(text and not any(c in text for c in ',"\r\n') for text in texts)
 
 
+_OPTIONAL = ("message_bytes", "link_bytes")
+
+
 @dataclass
 class TimelineColumns:
     """The timeline table by columns (row ``i`` is ``tier[i], bucket[i], ...``): timeline.csv and the
@@ -197,7 +200,8 @@ class TimelineColumns:
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> TimelineColumns:
-        return cls(*([row[c] for row in rows] for c in TIMELINE_COLUMNS))
+        """Columns of rows (dicts); the byte counts may be missing (the trace does not read them)."""
+        return cls(*([row[c] if c not in _OPTIONAL else row.get(c) for row in rows] for c in TIMELINE_COLUMNS))
 
     def columns(self) -> tuple[list, ...]:
         return tuple(getattr(self, c) for c in TIMELINE_COLUMNS)
