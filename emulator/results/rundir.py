@@ -61,30 +61,42 @@ def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
     return out_dir
 
 
-def build_tables(config, summary: dict, result: RunResult, topo) -> RunTables:
-    """Derive every table of a finished run."""
+def build_tables(config, summary: dict, result: RunResult, topo, timeline: tables.TimelineColumns | None = None,
+                 ends: dict | None = None) -> RunTables:  # fmt: skip
+    """Derive every table of a finished run (``timeline``: its columns, ``ends``: the links'
+    endpoints, when already derived)."""
     from emulator.config.typed import to_dict
 
+    ends = tables.link_endpoints(topo) if ends is None else ends
+    if timeline is None:
+        timeline = tables.timeline_columns(result, topo, ends)
     return RunTables(
         summary=summary,
         config=to_dict(config),
-        links=tables.link_rows(result, topo),
+        links=tables.link_rows(result, topo, ends),
         ranks=tables.rank_rows(result, topo, config),
         histograms=tables.histogram_rows(result, topo),
-        timeline=tables.timeline_rows(result, topo),
+        timeline=timeline.rows(),
     )
 
 
 def write_results(out_dir: str | Path, config, summary: dict, result: RunResult, topo) -> tuple[Path, RunTables]:
     """Write the whole run directory; returns it and the tables written."""
     out = write_run_dir(Path(out_dir), config, summary)
-    data = build_tables(config, summary, result, topo)
+    ends = tables.link_endpoints(topo)
+    timeline = tables.timeline_columns(result, topo, ends)
+    data = build_tables(config, summary, result, topo, timeline, ends)
     for name, columns in CSV_TABLES.items():
-        # timeline.csv, the long one: its values are ints, floats and the tier names
-        plain = name == "timeline" and tables.csv_plain(topo.tier_names)
-        write_csv(out / f"{name}.csv", getattr(data, name), columns, plain)
+        if name == "timeline" and tables.csv_plain(topo.tier_names):
+            # timeline.csv, the long one: its values are ints, floats and the tier names, which the
+            # csv module writes as str does; formatted from the columns (tables.TimelineColumns)
+            with (out / "timeline.csv").open("w", newline="") as f:
+                f.write(",".join(columns) + "\r\n")
+                f.write(timeline.csv_lines())
+        else:
+            write_csv(out / f"{name}.csv", getattr(data, name), columns)
     # compact JSON, streamed: a traced node of 8 GPUs over many iterations is easily 10^6 events
-    write_trace(out / "trace.json", result, topo, data.timeline,
+    write_trace(out / "trace.json", result, topo, timeline,
                 {"name": summary.get("name", ""), "fingerprint": summary.get("fingerprint", "")})  # fmt: skip
     return out, data
 

@@ -3,13 +3,17 @@
     from emulator.results.tables import link_rows
     rows = link_rows(result, topo)      # result, topo from emulator.runner.sequence.execute(config)
 
-Every table is a list of flat dicts (one per CSV row), so it needs neither pandas nor numpy; the
+Every table is a list of flat dicts (one per CSV row), so it needs no pandas; the
 column meanings are documented in the README (Results).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import groupby
+
+import numpy as np
 
 from emulator.engine.result import RunResult
 from emulator.errors import ConfigError
@@ -76,10 +80,11 @@ def sim_time_ns(result: RunResult) -> int:
     return max((r.final_time_ns for r in result.ranks), default=0)
 
 
-def link_rows(result: RunResult, topo) -> list[dict]:
-    """One row per link of the cluster (unused links included, with zeros)."""
+def link_rows(result: RunResult, topo, ends: dict | None = None) -> list[dict]:
+    """One row per link of the cluster (unused links included, with zeros); ``ends``:
+    :func:`link_endpoints`, when the caller has them already."""
     sim_ns = sim_time_ns(result)
-    ends = link_endpoints(topo)
+    ends = link_endpoints(topo) if ends is None else ends
     rows = []
     for link, name in enumerate(topo.link_name):
         nbytes, busy, messages, max_wait = result.links.get(link, (0, 0, 0, 0))
@@ -149,10 +154,10 @@ def histogram_rows(result: RunResult, topo) -> list[dict]:
     ]
 
 
-def sender_capacity_bytes_per_ns(topo) -> list[float]:
+def sender_capacity_bytes_per_ns(topo, ends: dict | None = None) -> list[float]:
     """Per link tier, the bandwidth of its sender-side links (``tx`` and ``up``), which every
     message crossing the tier occupies once (the receiver side mirrors it)."""
-    ends = link_endpoints(topo)
+    ends = link_endpoints(topo) if ends is None else ends
     cap = [0.0] * len(topo.tier_names)
     for link, bw in enumerate(topo.link_bw):
         if ends[link][0] in ("tx", "up"):
@@ -166,17 +171,169 @@ def csv_plain(texts) -> bool:
     return all(text and not any(c in text for c in ',"\r\n') for text in texts)
 
 
-def timeline_rows(result: RunResult, topo) -> list[dict]:
+_OPTIONAL = ("message_bytes", "link_bytes")
+
+
+@dataclass
+class TimelineColumns:
+    """The timeline table by columns (row ``i`` is ``tier[i], bucket[i], ...``): timeline.csv and the
+    trace's utilisation counters are formatted from these lists, and the row dicts built once
+    (:meth:`rows`), for the reference run's 200,000 rows.
+
+    ``seconds``: from :func:`timeline_columns`, ``(first, values)`` where ``values[k]`` is the start
+    of bucket ``first + k`` in seconds for every bucket from the first to one past the last, so that
+    each bucket's time is formatted once although it is a row's start and the previous row's end,
+    on every tier."""
+
+    tier: list[str]
+    bucket: list[int]
+    start_s: list[float]
+    end_s: list[float]
+    message_bytes: list[int]
+    link_bytes: list[int]
+    utilisation: list[float]
+    seconds: tuple[int, list[float]] | None = None
+    _texts: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:  # the number of rows: no rows, no counters in the trace
+        return len(self.bucket)
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> TimelineColumns:
+        """Columns of rows (dicts); the byte counts may be missing (the trace does not read them)."""
+        return cls(*([row[c] if c not in _OPTIONAL else row.get(c) for row in rows] for c in TIMELINE_COLUMNS))
+
+    def columns(self) -> tuple[list, ...]:
+        return tuple(getattr(self, c) for c in TIMELINE_COLUMNS)
+
+    def rows(self) -> list[dict]:
+        return [{"tier": t, "bucket": b, "start_s": s, "end_s": e, "message_bytes": m, "link_bytes": lb,
+                 "utilisation": u} for t, b, s, e, m, lb, u in zip(*self.columns(), strict=True)]  # fmt: skip
+
+    def tier_runs(self) -> list[tuple[str, slice | list[int]]]:
+        """``(tier, rows)`` per tier in order of first appearance; ``rows`` a slice when the tier's rows
+        are contiguous (always, from :func:`timeline_columns`), else a list of row numbers."""
+        runs: list[tuple[str, slice]] = []
+        i = 0
+        for tier, group in groupby(self.tier):
+            n = sum(1 for _ in group)
+            runs.append((tier, slice(i, i + n)))
+            i += n
+        if len({tier for tier, _ in runs}) == len(runs):
+            return runs
+        order: dict[str, list[int]] = {}
+        for i, tier in enumerate(self.tier):
+            order.setdefault(tier, []).append(i)
+        return list(order.items())
+
+    def utilisation_texts(self, text=str) -> list[str]:
+        """Each utilisation as text: ``str`` (the CSV's), or ``text`` (json's, for the trace) where a
+        value is not an int or a finite float (for those json writes what ``str`` does)."""
+        if text is not str and plain_numbers(self.utilisation):
+            text = str  # the same texts: the CSV's are shared
+        key = ("utilisation", text)
+        if key not in self._texts:
+            self._texts[key] = number_texts(self.utilisation, text)
+        return self._texts[key]
+
+    def second_texts(self, text=str, scale: float | None = None) -> tuple[list[str], list[str]]:
+        """The text (as :meth:`utilisation_texts`) of ``start_s[i] * scale`` and ``end_s[i] * scale``
+        per row (``scale`` None: the values themselves); each bucket's formatted once when
+        ``seconds`` is known."""
+        if text is not str and (self.seconds is not None or plain_numbers(self.start_s + self.end_s)):
+            text = str  # bucket times from timeline_columns are finite floats
+        key = ("seconds", text, scale)
+        if key not in self._texts:
+            if self.seconds is None:
+                starts, ends = self.start_s, self.end_s
+                if scale is not None:
+                    starts, ends = [s * scale for s in starts], [e * scale for e in ends]
+                self._texts[key] = number_texts(starts, text), number_texts(ends, text)
+            else:
+                first, values = self.seconds
+                if scale is not None:  # the same IEEE products as Python's float * float
+                    values = (np.array(values) * scale).tolist()
+                texts = number_texts(values, text)
+                offset = np.array(self.bucket, dtype=np.int64) - first
+                self._texts[key] = (list(map(texts.__getitem__, offset.tolist())),
+                                    list(map(texts.__getitem__, (offset + 1).tolist())))  # fmt: skip
+        return self._texts[key]
+
+    def csv_lines(self) -> str:
+        """The data lines of timeline.csv, as ``csv.writer`` writes them for plain values
+        (:func:`csv_plain`): ints by ``str``, floats by ``repr`` (which is their ``str``)."""
+        starts, ends = self.second_texts(str)
+        return "".join([f"{t},{b},{s},{e},{m},{lb},{u}\r\n" for t, b, s, e, m, lb, u in zip(
+            self.tier, self.bucket, starts, ends, self.message_bytes, self.link_bytes,
+            self.utilisation_texts(str), strict=True)])  # fmt: skip
+
+
+def plain_numbers(values: list) -> bool:
+    """Whether every value is an int or a finite float: ``str`` writes them as json does (``str`` of
+    a float is its ``repr``)."""
+    types = set(map(type, values))
+    if not types <= {int, float}:
+        return False
+    floats = values if types == {float} else [v for v in values if type(v) is float]
+    return not floats or bool(np.isfinite(np.array(floats, dtype=np.float64)).all())
+
+
+def number_texts(values: list, text=str) -> list[str]:
+    """``str`` of each value when :func:`plain_numbers`, else ``text`` of each."""
+    return list(map(str if text is str or plain_numbers(values) else text, values))
+
+
+def pick(column: list, rows: slice | list[int]) -> list:
+    """The values of ``column`` at ``rows`` (a slice or row numbers, from :meth:`TimelineColumns.tier_runs`)."""
+    return column[rows] if isinstance(rows, slice) else [column[i] for i in rows]
+
+
+_EXACT = 1 << 53  # ints below convert to float exactly, in Python and in numpy alike
+
+
+def bucket_seconds(first: int, last: int, bucket_ns: int) -> list[float]:
+    """``[slot * bucket_ns / 1e9 for slot in range(first, last + 1)]``, the same floats (the int
+    products are exact below 2**53, the conversion and the division are IEEE's), vectorised."""
+    if first < 0 or last * bucket_ns >= _EXACT:
+        return [slot * bucket_ns / 1e9 for slot in range(first, last + 1)]
+    return ((np.arange(first, last + 1, dtype=np.int64) * bucket_ns) / 1e9).tolist()
+
+
+def round6(values: list[int], divisor: float) -> list[float]:
+    """``[round(v / divisor, 6) for v in values]``, the same floats, vectorised.
+
+    Python's ``round(x, 6)`` is the double nearest to ``m / 10**6``, ``m`` the integer nearest to
+    the exact ``x * 10**6`` (ties to even). numpy's ``rint(x * 1e6)`` is that ``m`` unless the
+    product's rounding error (at most ``y * 2**-53``) reaches a half-integer: those values, and any
+    outside the exact range, are rounded by Python's ``round``; ``m / 1e6`` is then the nearest double."""
+    if not values:
+        return []
+    v = np.array(values, dtype=np.float64) if max(values) < _EXACT and min(values) >= 0 else None
+    if v is None or not divisor > 0:
+        return [round(x / divisor, 6) for x in values]
+    x = v / divisor
+    y = x * 1e6
+    if not np.all(y < _EXACT / 2):
+        return [round(x / divisor, 6) for x in values]
+    m = np.rint(y)
+    near = np.abs(y - np.floor(y) - 0.5) <= y * 2.0**-50
+    out = (m / 1e6).tolist()
+    for i in np.flatnonzero(near).tolist():
+        out[i] = round(values[i] / divisor, 6)
+    return out
+
+
+def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> TimelineColumns:
     """Traffic per tier per time bucket (only buckets with traffic); see the README (Results).
 
     ``message_bytes``: messages whose highest tier is this one, by the bucket they start in;
     ``link_bytes``: what this tier's links carry (a message crossing the spine also crosses the NICs);
-    ``utilisation``: link_bytes / (tier sender-side capacity * bucket).
+    ``utilisation``: link_bytes / (tier sender-side capacity * bucket). ``ends``: as for :func:`link_rows`.
     """
     tiers = len(topo.tier_names)
-    cap = sender_capacity_bytes_per_ns(topo)
+    cap = sender_capacity_bytes_per_ns(topo, ends)
     bucket_ns = result.bucket_ns
-    rows = []
+    out = TimelineColumns([], [], [], [], [], [], [])
     for tier in range(tiers):
         # the scale-up tier carries only its own messages; switch tier k carries those of tiers >= k
         own = result.timeline[tier]
@@ -184,14 +341,30 @@ def timeline_rows(result: RunResult, topo) -> list[dict]:
         for t in range(tier + 1, tiers) if tier else ():
             for slot, nbytes in result.timeline[t].items():
                 carried[slot] = carried.get(slot, 0) + nbytes
-        name = topo.tier_names[tier]
+        slots = sorted(carried)
+        link = list(map(carried.__getitem__, slots))
         capacity = cap[tier] * bucket_ns  # bytes the tier's sender side can carry in a bucket
-        rows += [{
-            "tier": name, "bucket": slot, "start_s": slot * bucket_ns / 1e9, "end_s": (slot + 1) * bucket_ns / 1e9,
-            "message_bytes": own.get(slot, 0), "link_bytes": link_bytes,
-            "utilisation": round(link_bytes / capacity, 6) if capacity else 0.0,
-        } for slot, link_bytes in sorted(carried.items())]  # fmt: skip
-    return rows
+        out.tier += [topo.tier_names[tier]] * len(slots)
+        out.bucket += slots
+        out.message_bytes += [own.get(slot, 0) for slot in slots]
+        out.link_bytes += link
+        out.utilisation += round6(link, capacity) if capacity else [0.0] * len(link)
+    if out.bucket:
+        first, last = min(out.bucket), max(out.bucket) + 1
+        if last - first <= 4 * len(out.bucket):  # dense enough: one value per bucket of the run
+            values = bucket_seconds(first, last, bucket_ns)
+            out.seconds = (first, values)
+            out.start_s = list(map(values.__getitem__, [slot - first for slot in out.bucket]))
+            out.end_s = list(map(values.__getitem__, [slot + 1 - first for slot in out.bucket]))
+        else:
+            out.start_s = [slot * bucket_ns / 1e9 for slot in out.bucket]
+            out.end_s = [(slot + 1) * bucket_ns / 1e9 for slot in out.bucket]
+    return out
+
+
+def timeline_rows(result: RunResult, topo) -> list[dict]:
+    """The timeline table (:func:`timeline_columns`) as one dict per row."""
+    return timeline_columns(result, topo).rows()
 
 
 # The compute stream's waits per rank, by what it waited for: rows of (part, ranks.csv column).

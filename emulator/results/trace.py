@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from itertools import islice
+from itertools import chain
 from json.encoder import encode_basestring_ascii as _quote
+from operator import add, itemgetter
 from pathlib import Path
 
 from emulator.engine.ops import KIND_NAMES
@@ -23,7 +24,6 @@ from emulator.engine.result import RunResult
 from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
-INF = math.inf
 
 
 def wait_slices(ops: list[tuple]) -> list[tuple[str, int, int]]:
@@ -49,73 +49,120 @@ def wait_slices(ops: list[tuple]) -> list[tuple[str, int, int]]:
     return out
 
 
-def trace_events(result: RunResult, topo, timeline: list[dict] | None = None) -> list[dict]:
+def trace_events(result: RunResult, topo, timeline=None) -> list[dict]:
     """Trace events of every traced rank (sorted by rank), plus tier utilisation counters (the
     parsed form of :func:`trace_event_texts`)."""
     return [json.loads(text) for text in trace_event_texts(result, topo, timeline)]
 
 
-def trace_event_texts(result: RunResult, topo, timeline: list[dict] | None = None) -> Iterator[str]:
+def trace_event_texts(result: RunResult, topo, timeline=None) -> Iterator[str]:
     """Each trace event as its compact JSON text, in document order: what :func:`write_trace` streams.
 
-    The per-operation events (about a million for 8 traced GPUs of the reference run) are written
-    with f-strings: a dict per event passed through ``json.dumps`` took most of the run directory's
-    write time. Keys and values are those ``json.dumps(event, separators=(",", ":"))`` writes for
-    the event dict (floats by ``repr``, strings escaped by the json module's own encoder): the text
-    is the same byte for byte (tests/emulator/results/test_trace.py)."""
+    Keys and values are those ``json.dumps(event, separators=(",", ":"))`` writes for the event dict
+    (floats by ``repr``, strings escaped by the json module's own encoder): the text is the same byte
+    for byte (tests/emulator/results/test_trace.py). ``timeline``: the timeline table's rows (dicts)
+    or :class:`emulator.results.tables.TimelineColumns`."""
+    return chain.from_iterable(_trace_chunks(result, topo, timeline))
+
+
+def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
+    """The event texts of :func:`trace_event_texts` in lists (a rank's operations, a tier's counters):
+    :func:`write_trace` joins each list in one call instead of resuming a generator per event.
+
+    The per-operation texts are built from cached parts, because the texts repeat: the traced ranks
+    repeat few names (each layer's kernels carry the same name in every microbatch and on every
+    rank of a folded group), so ``{"name":...,"cat":...,`` is formatted once per (name, kind) and
+    ``"pid":...,"tid":...,"ts":`` once per stream of a rank; and the peers of a folded tensor group
+    (emulator/engine/folding.py) have the representative's streams and times exactly, so the part
+    from ``"ts"`` on (two float reprs, the costly part) and the wait slices are reused when a rank's
+    streams, starts and ends equal the previous rank's (compared as whole lists, in C)."""
     next_tid: dict[int, int] = {}  # per node: tids numbered in rank order, so a GPU's tracks stay together
     cats = [_quote(name) for name in KIND_NAMES]
+    last = None  # (streams, starts, ends) of the previous rank, its tails and its wait slices' texts
+    name_cat = _NameCat(cats)  # shared by the ranks: the peers of a folded group repeat most names
     for rank in sorted(result.traces):
         ops = result.traces[rank]
         node = topo.rank_node[rank]
+        meta = []
         if node not in next_tid:
             next_tid[node] = 0
-            yield _compact({"ph": "M", "name": "process_name", "pid": node, "args": {"name": f"node {node}"}})
-            yield _compact({"ph": "M", "name": "process_sort_index", "pid": node, "args": {"sort_index": node}})
+            meta.append(_compact({"ph": "M", "name": "process_name", "pid": node, "args": {"name": f"node {node}"}}))
+            meta.append(_compact({"ph": "M", "name": "process_sort_index", "pid": node,
+                                  "args": {"sort_index": node}}))  # fmt: skip
         # compute first, then the other streams by name: the same track order on every rank
-        streams = sorted({op[0] for op in ops}, key=lambda s: (s != "compute", s))
+        stream_col = list(map(itemgetter(0), ops))
+        streams = sorted(set(stream_col), key=lambda s: (s != "compute", s))
         tids = {s: next_tid[node] + i for i, s in enumerate(streams)}
         next_tid[node] += len(streams)
         for stream, tid in tids.items():
-            yield _compact({"ph": "M", "name": "thread_name", "pid": node, "tid": tid,
-                            "args": {"name": f"gpu {rank} {stream}"}})  # fmt: skip
-            yield _compact({"ph": "M", "name": "thread_sort_index", "pid": node, "tid": tid,
-                            "args": {"sort_index": tid}})  # fmt: skip
+            meta.append(_compact({"ph": "M", "name": "thread_name", "pid": node, "tid": tid,
+                                  "args": {"name": f"gpu {rank} {stream}"}}))  # fmt: skip
+            meta.append(_compact({"ph": "M", "name": "thread_sort_index", "pid": node, "tid": tid,
+                                  "args": {"sort_index": tid}}))  # fmt: skip
+        yield meta
         heads = {s: f'"pid":{node},"tid":{tid},"ts":' for s, tid in tids.items()}
-        for stream, name, kind, start, end in ops:
-            head = f'{{"name":{_quote(name)},"cat":{cats[kind]},{heads[stream]}{start / NS_PER_US!r}'
-            if end > start:
-                yield f'{head},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}'
-            else:
-                yield f'{head},"ph":"i","s":"t"}}'
+        timing = (stream_col, list(map(itemgetter(3), ops)), list(map(itemgetter(4), ops)))
+        if last is not None and last[0] == timing:
+            tails, waits = last[1], last[2]
+        else:
+            tails = [f'{start / NS_PER_US!r},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}' if end > start
+                     else f'{start / NS_PER_US!r},"ph":"i","s":"t"}}'
+                     for start, end in zip(timing[1], timing[2], strict=True)]  # fmt: skip
+            waits = None
+        # '{"name":...,"cat":...,' + '"pid":...,"tid":...,"ts":' + the tail, concatenated in C
+        named = map(name_cat.__getitem__, map(itemgetter(1, 2), ops))
+        yield list(map(add, map(add, named, map(heads.__getitem__, stream_col)), tails))
         if "compute" in tids:
-            where = f'"cat":"wait","pid":{node},"tid":{tids["compute"]},"ts":'
-            for name, start, end in wait_slices(ops):
-                dur = (end - start) / NS_PER_US
-                yield f'{{"ph":"X","name":{_quote(name)},{where}{start / NS_PER_US!r},"dur":{dur!r}}}'
+            if waits is None:
+                waits = [(f'{{"ph":"X","name":{_quote(name)},"cat":"wait",',
+                          f'{start / NS_PER_US!r},"dur":{(end - start) / NS_PER_US!r}}}')
+                         for name, start, end in wait_slices(ops)]  # fmt: skip
+            where = f'"pid":{node},"tid":{tids["compute"]},"ts":'
+            yield [f"{pre}{where}{post}" for pre, post in waits]
+        last = (timing, tails, waits)
     if timeline:
         pid = topo.num_nodes  # after the nodes
-        yield _compact({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network"}})
-        yield _compact({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-        yield from _counter_texts(timeline, pid)
+        yield [_compact({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network"}}),
+               _compact({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})]
+        yield from _counter_chunks(timeline, pid)
 
 
-def _counter_texts(timeline: list[dict], pid: int) -> Iterator[str]:
-    """One counter per tier: utilisation at each bucket start, back to 0 after a bucket without traffic."""
-    by_tier: dict[str, list[dict]] = {}
-    for row in timeline:
-        by_tier.setdefault(row["tier"], []).append(row)
-    for tier, rows in by_tier.items():
+class _NameCat(dict):
+    """(name, kind) -> ``{"name":...,"cat":...,``, formatted on first use."""
+
+    def __init__(self, cats: list[str]):
+        super().__init__()
+        self.cats = cats
+
+    def __missing__(self, key: tuple) -> str:
+        name, kind = key
+        text = self[key] = f'{{"name":{_quote(name)},"cat":{self.cats[kind]},'
+        return text
+
+
+def _counter_chunks(timeline, pid: int) -> Iterator[list[str]]:
+    """One counter per tier: utilisation at each bucket start, back to 0 after a bucket without
+    traffic. ``timeline``: rows (dicts) or TimelineColumns; each timestamp and value is formatted
+    once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts)."""
+    from emulator.results.tables import TimelineColumns, pick
+
+    cols = timeline if isinstance(timeline, TimelineColumns) else TimelineColumns.from_rows(timeline)
+    start_us, end_us = cols.second_texts(_number, scale=1e6)
+    value_text = cols.utilisation_texts(_number)
+    for tier, index in cols.tier_runs():
         head = f'{{"ph":"C","name":{_quote(f"utilisation {tier}")},"pid":{pid},"ts":'
-        last = len(rows) - 1
-        for i, row in enumerate(rows):
-            ts, value = row["start_s"] * 1e6, row["utilisation"]
-            if type(value) is float and -INF < value < INF and -INF < ts < INF:  # always, from timeline_rows
-                yield f'{head}{ts!r},"args":{{"utilisation":{value!r}}}}}'
-            else:
-                yield f'{head}{_number(ts)},"args":{{"utilisation":{_number(value)}}}}}'
-            if i == last or rows[i + 1]["bucket"] != row["bucket"] + 1:
-                yield f'{head}{_number(row["end_s"] * 1e6)},"args":{{"utilisation":0}}}}'
+        texts = [f'{head}{ts},"args":{{"utilisation":{v}}}}}'
+                 for ts, v in zip(pick(start_us, index), pick(value_text, index), strict=True)]  # fmt: skip
+        # a bucket not followed by the next one: the counter drops to 0 at its end
+        buckets, ends = pick(cols.bucket, index), pick(end_us, index)
+        gaps = [i for i, (b, nxt) in enumerate(zip(buckets, buckets[1:], strict=False)) if nxt != b + 1]
+        gaps.append(len(texts) - 1)
+        out, done = [], 0
+        for i in gaps:
+            out += texts[done:i + 1]
+            out.append(f'{head}{ends[i]},"args":{{"utilisation":0}}}}')
+            done = i + 1
+        yield out
 
 
 def _compact(value) -> str:
@@ -129,7 +176,7 @@ def _number(value) -> str:
     return _compact(value)
 
 
-def trace_document(result: RunResult, topo, timeline: list[dict] | None = None, metadata: dict | None = None) -> dict:
+def trace_document(result: RunResult, topo, timeline=None, metadata: dict | None = None) -> dict:
     """The JSON object written to ``trace.json`` (:func:`write_trace`), parsed.
 
     Timestamps are microseconds with nanosecond decimals (the format's unit). No ``displayTimeUnit``:
@@ -141,19 +188,17 @@ def trace_document(result: RunResult, topo, timeline: list[dict] | None = None, 
     }
 
 
-def write_trace(path: Path, result: RunResult, topo, timeline: list[dict] | None = None,
+def write_trace(path: Path, result: RunResult, topo, timeline=None,
                 metadata: dict | None = None) -> None:  # fmt: skip
     """Write ``trace.json``: :func:`trace_document` as compact JSON, streamed event by event (the
     reference run's is about 50 MB: no document of a million dicts is built)."""
     other = {"traced_ranks": sorted(result.traces), **(metadata or {})}
-    texts = trace_event_texts(result, topo, timeline)
     with path.open("w") as f:
         f.write('{"traceEvents":[')
-        # joined in batches (the join iterates in C): a few MB of text at a time, never the document
-        batch = ",".join(islice(texts, 65536))
-        while batch:
-            f.write(batch)
-            batch = ",".join(islice(texts, 65536))
-            if batch:
-                f.write(",")
+        sep = ""
+        for chunk in _trace_chunks(result, topo, timeline):
+            if chunk:  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
+                f.write(sep)
+                f.write(",".join(chunk))
+                sep = ","
         f.write(f'],"otherData":{_compact(other)}}}\n')

@@ -146,6 +146,14 @@ def _fuzz_value(rng, depth: int = 0):
             [rng.randrange(100) for _ in range(n)]  # fmt: skip
     if kind == "tuple":
         return tuple(_fuzz_value(rng, depth + 1) for _ in range(n))
+    if rng.random() < 0.25:  # int keys, values all tuples of one length (links) or all ints (timeline)
+        m = rng.randrange(0, 5)
+        odd = rng.choice([None, True, Level.LOW, 1 << 70, -3, 2.0])  # a value the one-fragment path must handle
+        values = [tuple(rng.randrange(1 << 40) for _ in range(m)) if rng.random() < 0.8 else rng.randrange(9)
+                  for _ in range(n)]  # fmt: skip
+        if values and rng.random() < 0.3 and isinstance(values[0], tuple) and m:
+            values[0] = (odd, *values[0][1:])
+        return dict(zip(rng.sample(range(1000), n), values, strict=True))
     key_kind = rng.choice(["int", "str", "mixed"])
     keys = {rng.randrange(50) if key_kind == "int" or (key_kind == "mixed" and rng.random() < 0.5)
             else rng.choice(["a", "b", "tp", "dp", "ü"]) for _ in range(n)}  # fmt: skip
@@ -160,7 +168,7 @@ def test_encoding_is_the_documented_bytes_on_fuzzed_values():
     from emulator.engine.result import _encode
 
     rng = random.Random(24)
-    for _ in range(400):
+    for _ in range(1000):
         value = _fuzz_value(rng)
         out: list[str] = []
         _encode(value, out)
