@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -209,3 +210,46 @@ def test_unfolded_tensor_groups_run_the_python_rules(overrides, tmp_path, monkey
     assert compiled == []
     assert_same_run_dirs(tmp_path, path, [])  # folded tensor 8: the kernels run
     assert compiled == [0]
+
+
+def test_closed_form_hold_equals_the_link_model():
+    """opkernels._start on a closed-form op, numba's copy of LinkModel.hold (start_of: the ports
+    held together from when all are free, the queueing charged to the port free last, ties to the
+    first), on fuzzed port sets and free times; the end-to-end comparisons above reach few ties."""
+    import numpy as np
+
+    from emulator.engine import opkernels as k
+    from netmodel.links import LinkModel
+
+    rng = random.Random(11)
+    n_links = 12
+    model = LinkModel(SimpleNamespace(link_bw=[1.0] * n_links))
+    rs = np.zeros((1, k.R_FIELDS), np.int64)
+    ops = np.zeros((4, k.O_FIELDS), np.int64)
+    pl = np.zeros((1, k.P_FIELDS), np.int64)
+    plk = np.zeros(n_links, np.int64)
+    qn, qm = np.zeros(n_links, np.int64), np.zeros(n_links, np.int64)
+    g = np.zeros(k.G_FIELDS, np.int64)
+    g[k.G_BUCKET] = 1000
+    heap = np.zeros((8, 4), np.int64)
+    args = (np.zeros(4), pl, plk, model.free, qn, qm, np.zeros(1 << 12, np.int64), np.zeros((64, 4), np.int64))
+    for _ in range(500):
+        links = rng.sample(range(n_links), rng.randint(1, 6))
+        t = rng.randrange(0, 2000)
+        for link in range(n_links):  # free times around t, with ties
+            model.free_py[link] = rng.choice([0, t, t + 5, t + 5, rng.randrange(0, 3000)])
+        duration, members = rng.randrange(1, 500), rng.choice([2, 4, 8])
+        before = list(model.free_py)
+        expected = model.hold(links, t, duration, members)
+        after = list(model.free_py)
+        model.free[:] = before
+        plk[: len(links)] = links
+        pl[0, k.P_LPTR], pl[0, k.P_LLEN], pl[0, k.P_DUR], pl[0, k.P_MEMBERS] = 0, len(links), duration, members
+        pl[0, k.P_MSGB], pl[0, k.P_MSGS] = 1, 1
+        ops[0, k.O_KIND], ops[0, k.O_VAL] = k.K_M, 0
+        g[k.G_HEAPN] = 0
+        k._start(rs, ops, *args, heap, g, 0, 0, t)
+        assert list(model.free_py) == after
+        assert heap[0, 0] == expected[1]  # its completion: the hold's end
+    assert qn.tolist() == model.queued_ns and qm.tolist() == model.queued_messages
+    assert any(model.queued_messages)
