@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from emulator.config.loader import load_run
+from emulator.engine.opcore import OpCore
 from emulator.engine.shard import Shard
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import run_job
@@ -256,3 +257,26 @@ def test_closed_form_hold_equals_the_link_model():
         assert heap[0, 0] == expected[1]  # its completion: the hold's end
     assert qn.tolist() == model.queued_ns and qm.tolist() == model.queued_messages
     assert any(model.queued_messages)
+
+
+def test_the_kernels_key_is_the_shards():
+    """opkernels.run compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
+    the literal 2 (numba has no tuple of the shard's constants), and OpCore.top_key gives it back:
+    both must stay events.EV_OP_DONE, else the merged order, hence every result, changes."""
+    import numpy as np
+
+    from emulator.engine import opkernels as k
+    from emulator.engine.events import EV_OP_DONE
+
+    assert EV_OP_DONE == 2
+    core = SimpleNamespace(heap=np.array([[7, 3, 5, 0]], np.int64))
+    assert OpCore.top_key(core) == (7, EV_OP_DONE, 3, 3, 5)
+    # a limit key of the same time, kind and rank but a smaller seq stops the kernel before the op
+    g = np.zeros(k.G_FIELDS, np.int64)
+    g[k.G_HEAPN] = 1
+    heap = np.array([[7, 3, 5, 0]], np.int64)
+    empty = np.zeros(1, np.int64)
+    k.run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
+          np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
+          heap, g, np.zeros(4, np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
+    assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
