@@ -21,10 +21,10 @@ fuzzed configs.
 
 Where it applies (else the Python path runs, with the same results): the built-in workload without
 faults, context parallelism or experts, with folded tensor groups (folding.py: tensor = GPUs per
-node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__), whose node groups run the tensor collectives with analytic
-algorithms (Shard._closed_tensor_ops); an untraced rank; blocks that start and end with compute,
-whose collectives are the tensor group's in closed form with one arrival, each waited for inside
-the block. Any number of shards, in-process or on Ray: a proxy
+node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__), whose node groups
+run the tensor collectives with analytic algorithms (Shard._closed_tensor_ops); an untraced rank;
+blocks that start and end with compute, whose collectives are the tensor group's in closed form with
+one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
 carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
 bounds without the block's ops.
 """

@@ -76,12 +76,11 @@ AXES = [
             "cluster.tiers.0.algorithms.all_gather=halving_doubling",
         ],
     ),
-    # a non-analytic tensor algorithm with folding on trips an assertion on both engines (folding,
-    # not opcore: reported); unfolded it must run the Python rules
+    # a message-level tensor algorithm: no folding (folding.fold_factor), hence the Python rules
     (
         "scale-up algorithms",
         [
-            "cluster.scale_up.algorithms.all_reduce=tree;engine.fold_tensor_groups=false",
+            "cluster.scale_up.algorithms.all_reduce=tree",
             "cluster.scale_up.algorithms.reduce_scatter=halving_doubling;engine.fold_tensor_groups=false",
         ],
     ),
