@@ -221,13 +221,18 @@ class OpCore:
         rows, tp_calls, gid = [], 0, 0
         eligible = bool(block) and block[0][0] == "c" and block[-1][0] == "c"
         pending = False
+        waits = 0  # collectives the next compute op waits for: launch_rest keeps at most MAX_WAITS
         for kind, a, b, c in block:
             if kind == "c":
+                waits = 0
                 rows.append((k.I_C, b, 0, c))
             elif kind == "m":
                 if b != "tp":
                     eligible = False
                     continue
+                waits += 1
+                if waits > k.MAX_WAITS:  # (numba does not check bounds: R_WAIT0 + k would overrun)
+                    eligible = False
                 tp_calls += 1
                 gid = a[0].gid
                 plan = self._plan(a)

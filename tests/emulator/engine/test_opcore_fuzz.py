@@ -279,3 +279,25 @@ def test_the_kernels_key_is_the_shards():
           np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
           heap, g, np.zeros(4, np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
     assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
+
+
+def test_a_block_waiting_for_more_collectives_than_the_kernels_hold_runs_in_python(monkeypatch):
+    """Regression (review): launch_rest keeps a compute op's waits in MAX_WAITS per-rank slots and
+    numba checks no bounds, so a block with more tensor collectives in a row would have overwritten
+    the rank's next fields; such a template is not eligible (its block runs the Python rules)."""
+    import numpy as np
+
+    from emulator.engine import opkernels as k
+
+    links = SimpleNamespace(free=np.zeros(2, np.int64))
+    shard = SimpleNamespace(gpus={0: None}, topo=SimpleNamespace(world_size=1), max_ahead=4,
+                            stats=SimpleNamespace(bucket_ns=1000), links=links)  # fmt: skip
+    core = OpCore(shard)
+    monkeypatch.setattr(core, "_plan", lambda prepared: 0)
+    tensor = (SimpleNamespace(gid=1),)
+
+    def block(collectives: int) -> list:
+        return [("c", None, 5, 1.0), *[("m", tensor, "tp", False)] * collectives, ("c", None, 5, 1.0)]
+
+    assert core._template(block(k.MAX_WAITS))[0] >= 0
+    assert core._template(block(k.MAX_WAITS + 1)) == (-1, True)
