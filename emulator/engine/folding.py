@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 
 from emulator.engine.faults import breaks_symmetry
+from netmodel.collectives import DEFAULTS
+from netmodel.collectives.analytic import ANALYTIC
 
 
 def fold_factor(settings, topo) -> int:
@@ -40,6 +42,12 @@ def fold_factor(settings, topo) -> int:
     for group in topo.groups:
         if group.gpus_per_node != tensor or group.nic.count != tensor:
             return 1
+        # a folded group must complete its tensor collectives in closed form (the representative
+        # arrives alone): a message-level scale-up algorithm (tree, halving_doubling) would need its
+        # peers, which folding does not host (it tripped an assertion in collective_run)
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            if ((group.scale_up.algorithms.get(op) or DEFAULTS[op]), op) not in ANALYTIC:
+                return 1
     return tensor
 
 

@@ -20,10 +20,11 @@ and for every other op kind. tests/emulator/engine/test_opcore.py compares both 
 fuzzed configs.
 
 Where it applies (else the Python path runs, with the same results): the built-in workload without
-faults, context parallelism or experts, whose node groups run the tensor collectives with analytic
-algorithms (Shard._closed_tensor_ops); an untraced rank; blocks that start and end with compute,
-whose collectives are the tensor group's in closed form with one arrival (tensor folding on, or
-tensor 1), each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
+faults, context parallelism or experts, with folded tensor groups (folding.py: tensor = GPUs per
+node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__), whose node groups
+run the tensor collectives with analytic algorithms (Shard._closed_tensor_ops); an untraced rank;
+blocks that start and end with compute, whose collectives are the tensor group's in closed form with
+one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
 carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
 bounds without the block's ops.
 """
@@ -220,13 +221,18 @@ class OpCore:
         rows, tp_calls, gid = [], 0, 0
         eligible = bool(block) and block[0][0] == "c" and block[-1][0] == "c"
         pending = False
+        waits = 0  # collectives the next compute op waits for: launch_rest keeps at most MAX_WAITS
         for kind, a, b, c in block:
             if kind == "c":
+                waits = 0
                 rows.append((k.I_C, b, 0, c))
             elif kind == "m":
                 if b != "tp":
                     eligible = False
                     continue
+                waits += 1
+                if waits > k.MAX_WAITS:  # (numba does not check bounds: R_WAIT0 + k would overrun)
+                    eligible = False
                 tp_calls += 1
                 gid = a[0].gid
                 plan = self._plan(a)

@@ -108,7 +108,13 @@ class Shard(CollectiveExecution):
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
         # the compiled per-op engine (emulator/engine/opcore.py) where it applies
         self.ops_core = None
+        # only with folded tensor groups (fold > 1): unfolded, a block's tensor collectives have one
+        # arrival per member, so opcore takes only the blocks without one, and with tensor 1 every
+        # block is one compute op; either way the kernels save nothing while the CompiledGPU counters
+        # (array-backed properties) slow every op the Python rules run: 1.1x-1.7x slower than
+        # ``op_engine: python`` (tests/emulator/engine/test_opcore_fuzz.py, the unfolded cases)
         if (settings.op_engine == "compiled" and settings.builtin_workload and settings.tensor_only_blocks
+                and fold > 1
                 and self.failures is None and self.compute_faults is None and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
 

@@ -66,3 +66,15 @@ def test_shift_name_moves_peers_and_representative_groups():
     assert shift_name("all_gather #1 on group[0,1,2,3,4,5,6,7] (8 B, ring)", 3, 8).endswith(
         "group[0,1,2,3,4,5,6,7] (8 B, ring)"
     )
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "halving_doubling"])
+def test_message_level_scale_up_algorithm_does_not_fold(algorithm):
+    """Regression: a tensor collective with a message-level scale-up algorithm needs the group's
+    peers, which a folded run does not host; it tripped "folded: no tensor group" (an assertion) on
+    either op engine. Such a run now runs unfolded, with the unfolded results."""
+    sets = [f"cluster.scale_up.algorithms.all_reduce={algorithm}"]
+    config = load_run(RUNS / "megatron-22b-8gpu.yaml", sets)
+    assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 1
+    plain = execute(load_run(RUNS / "megatron-22b-8gpu.yaml", [*sets, "engine.fold_tensor_groups=false"]))[0]
+    assert execute(config)[0]["fingerprint"] == plain["fingerprint"]
