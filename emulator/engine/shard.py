@@ -35,6 +35,7 @@ from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
+from emulator.engine.opkernels import ST_BLOCK_DONE, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
@@ -631,8 +632,6 @@ class Shard(CollectiveExecution):
 
     def _run_ops(self, limit, horizon: int) -> None:
         """Let the compiled per-op engine run its events before ``limit``; act where it stopped."""
-        from emulator.engine.opkernels import ST_BLOCK_DONE, ST_RESUME
-
         ops = self.ops_core
         status = ops.run(limit, horizon)
         if status == ST_BLOCK_DONE:
