@@ -14,7 +14,7 @@ The sources are ``dist.get_rank()`` (with or without a group), ``dist.get_node_l
 ``ProcessGroup.rank()``, a ``DeviceMesh``'s ``get_rank``, ``get_local_rank`` and
 ``get_coordinate``, and the environment's ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``, ``NODE_RANK``
 and ``ROLE_RANK``. Read by the script's code (a file in the script's folder), they return an
-:class:`~emulator.capture.rank.RankValue` carrying the expression below; arithmetic on it stays an
+:class:`~emulator.capture.recorder.RankValue` carrying the expression below; arithmetic on it stays an
 expression, a comparison or a truth test records ``[expression, answer]``, and any other use (an
 index, a size, a string, a hash) records the exact value. An environment variable is a string: its
 exact value is recorded when it is read.
