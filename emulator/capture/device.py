@@ -21,11 +21,16 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
-from emulator.capture.recorder import Recorder
+from emulator.capture.recorder import RankValue, Recorder
+
+REAL_DEVICE = torch.device  # the C type: capture's torch.device (TorchDevice) makes these
+CPU = REAL_DEVICE("cpu")
 
 
 def _is_cuda(device) -> bool:
-    if isinstance(device, torch.device):
+    if isinstance(device, (CudaDevice, RankValue, int)) and not isinstance(device, bool):
+        return True  # a bare index names a CUDA device in torch
+    if isinstance(device, REAL_DEVICE):
         return device.type == "cuda"
     if isinstance(device, str):
         return device.split(":")[0] == "cuda"
@@ -33,8 +38,8 @@ def _is_cuda(device) -> bool:
 
 
 def cpu_device(value):
-    if isinstance(value, torch.device) and value.type == "cuda":
-        return torch.device("cpu")
+    if isinstance(value, REAL_DEVICE) and value.type == "cuda":  # the C type: no metaclass check per argument
+        return CPU
     return value
 
 
@@ -54,7 +59,8 @@ class Devices(TorchFunctionMode):
             target = kwargs.get("device")
             rest = []
             for a in args[1:]:
-                if isinstance(a, (str, torch.device)):
+                # a device, or an int: a CUDA device's index (a bool is non_blocking or copy)
+                if isinstance(a, (str, REAL_DEVICE, int)) and not isinstance(a, bool):
                     target = a
                 else:
                     rest.append(a)
@@ -64,7 +70,7 @@ class Devices(TorchFunctionMode):
                 if rest or kwargs:
                     moved = moved.to(*rest, **kwargs)
                 return moved
-            if isinstance(target, torch.device | str) and str(target).startswith("cpu") and self._on(args[0]):
+            if isinstance(target, REAL_DEVICE | str) and str(target).startswith("cpu") and self._on(args[0]):
                 kwargs.pop("device", None)
                 with _forced(self.rec, False):
                     return args[0].detach().clone() if not rest else args[0].to(*rest, **kwargs)
@@ -115,7 +121,7 @@ class _Stream:
             rec.streams += 1
             _index = rec.streams
         self.index = _index
-        self.device = torch.device("cuda", 0)
+        self.device = REAL_DEVICE("cuda", 0)
         self.cuda_stream = _index
 
     def wait_stream(self, other) -> None:
@@ -204,10 +210,31 @@ def patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
     props = types.SimpleNamespace(name=spec["gpu_name"], total_memory=spec["capacity_bytes"], major=spec["major"],
                                   minor=spec["minor"], multi_processor_count=spec["sms"],
                                   is_integrated=False, is_multi_gpu_board=False)  # fmt: skip
-    state = {"device": local_rank, "peak_from": 0}
+    state = {"device": None, "peak_from": 0}  # None: not set, the local rank (as the capture always had it)
 
     def set_device(device) -> None:
-        state["device"] = device.index if isinstance(device, torch.device) else int(device)
+        # the rank's identity as the index is kept as it is: every index is the same fake device, so
+        # setting it changes nothing in the stream; what the script reads back of it records
+        if isinstance(device, CudaDevice):
+            state["device"] = device.index
+        elif isinstance(device, RankValue):
+            state["device"] = device
+        elif isinstance(device, REAL_DEVICE | str):
+            state["device"] = REAL_DEVICE(device).index or 0
+        else:
+            state["device"] = int(device)
+
+    def current_device() -> int:
+        """The device set, for the script as it set it (the identity stand-in for the local rank, if
+        none was set); torch's libraries get the plain number (they use it to pick the device, and
+        every index is the same fake device)."""
+        device = state["device"]
+        script = rec.script_calling(1)
+        if device is None:
+            return rec.identity(["local"], local_rank) if script else local_rank
+        if isinstance(device, RankValue) and not script:
+            return device.value
+        return device
 
     def memory_allocated(device=None) -> int:
         rec.sweep()
@@ -220,7 +247,7 @@ def patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
         rec.peak_bytes = rec.live_bytes
 
     values = {
-        "is_available": lambda: True, "device_count": lambda: nproc, "current_device": lambda: state["device"],
+        "is_available": lambda: True, "device_count": lambda: nproc, "current_device": current_device,
         "set_device": set_device, "get_device_name": lambda device=None: spec["gpu_name"],
         "get_device_properties": lambda device=None: props,
         "get_device_capability": lambda device=None: (spec["major"], spec["minor"]),
@@ -252,6 +279,103 @@ def patch_cuda(rec: Recorder, spec: dict, local_rank: int, nproc: int) -> None:
     with contextlib.suppress(AttributeError):
         torch.cuda.memory.memory_allocated = values["memory_allocated"]
         torch.cuda.memory.max_memory_allocated = max_memory_allocated
+    _TorchDeviceType.recorder = rec
+    torch.device = TorchDevice
+
+
+class CudaDevice(str):
+    """``torch.device("cuda", i)`` where ``i`` is the rank identity's stand-in (a RankValue). Every
+    index is the same fake device, so to torch it is ``"cuda"`` (a ``str``: torch's argument parsers
+    take it as the device, reading only those characters); its ``index`` is the stand-in itself;
+    any other use (printing it, comparing it, hashing it, its attributes) records the exact index
+    and acts on the real ``torch.device("cuda", i)``."""
+
+    type = "cuda"
+
+    def __new__(cls, index: RankValue):
+        device = super().__new__(cls, "cuda")
+        device._index = index
+        return device
+
+    @property
+    def index(self) -> RankValue:
+        return self._index
+
+    def _exact(self):
+        return REAL_DEVICE("cuda", int(self._index))
+
+    def __getattribute__(self, name: str):
+        if name in _CUDA_DEVICE_OWN:
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_exact")(), name)
+
+    def __str__(self) -> str:
+        return str(self._exact())
+
+    def __repr__(self) -> str:
+        return repr(self._exact())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._exact(), spec)
+
+    def __eq__(self, other) -> bool:
+        return self._exact() == (other._exact() if isinstance(other, CudaDevice) else other)
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self._exact())
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_CUDA_DEVICE_OWN = frozenset({"type", "index", "_index", "_exact", "__class__", "__dict__"})
+
+
+def _not_a_string(name: str):
+    def refuse(self, *args):
+        self._exact()
+        raise TypeError(f"unsupported operation {name} on torch.device")
+
+    return refuse
+
+
+# a torch.device is no string: what str would answer from the characters "cuda" is refused, as on a GPU
+for _name in ("__add__", "__radd__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__len__", "__iter__",
+              "__getitem__", "__contains__", "__lt__", "__le__", "__gt__", "__ge__"):  # fmt: skip
+    setattr(CudaDevice, _name, _not_a_string(_name))
+
+
+class _TorchDeviceType(type):
+    """``torch.device`` under capture: the C type, except a CUDA device whose index is the rank
+    identity's stand-in (a :class:`CudaDevice`); instances of either are ``torch.device``s."""
+
+    recorder: Recorder | None = None
+
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], CudaDevice):
+            return args[0]
+        if not _TorchDeviceType.recorder.exact:
+            kind = kwargs.get("type", args[0] if args else None)
+            index = kwargs.get("index", args[1] if len(args) > 1 else None)
+            if isinstance(kind, RankValue) and index is None:  # torch.device(i): CUDA device i
+                return CudaDevice(kind)
+            if isinstance(index, RankValue) and isinstance(kind, str) and kind == "cuda":
+                return CudaDevice(index)
+        return REAL_DEVICE(*args, **kwargs)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, (REAL_DEVICE, CudaDevice))
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, (REAL_DEVICE, CudaDevice))
+
+
+class TorchDevice(metaclass=_TorchDeviceType):
+    """What ``torch.device`` names during capture (see :class:`_TorchDeviceType`)."""
+
 
 
 def patch_autocast() -> None:
@@ -282,6 +406,10 @@ def patch_module_to(rec: Recorder) -> None:
     original_to = torch.nn.Module.to
 
     def to(self, *args, **kwargs):
+        # the identity as a device index: "cuda" (every index is the same fake device)
+        args = tuple("cuda" if isinstance(a, RankValue) else a for a in args)
+        if isinstance(kwargs.get("device"), RankValue):
+            kwargs["device"] = "cuda"
         device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
         if device is not None and device.type == "cuda":
             frame = rec.frame()
@@ -295,3 +423,19 @@ def patch_module_to(rec: Recorder) -> None:
 
     torch.nn.Module.to = to
     torch.nn.Module.cuda = lambda self, device=None: to(self, "cuda")
+
+    # a tensor's .to(i) / .cuda(i) with the identity's stand-in as the index: torch's argument parser
+    # takes only an int there, and reads it unseen; it is "cuda" (every index is the same fake
+    # device). Devices then sees these calls as usual (it is handed torch.Tensor.to, this function)
+    original_tensor_to, original_tensor_cuda = torch.Tensor.to, torch.Tensor.cuda
+
+    def tensor_to(self, *args, **kwargs):
+        args = tuple("cuda" if isinstance(a, RankValue) else a for a in args)
+        if isinstance(kwargs.get("device"), RankValue):
+            kwargs["device"] = "cuda"
+        return original_tensor_to(self, *args, **kwargs)
+
+    def tensor_cuda(self, device=None, *args, **kwargs):
+        return original_tensor_cuda(self, None if isinstance(device, RankValue) else device, *args, **kwargs)
+
+    torch.Tensor.to, torch.Tensor.cuda = tensor_to, tensor_cuda

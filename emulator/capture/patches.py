@@ -22,7 +22,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from emulator.capture.dispatch import group_ranks
 from emulator.capture.identity import ENV
-from emulator.capture.recorder import Recorder
+from emulator.capture.recorder import EnvText, Recorder
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -206,14 +206,17 @@ def patch_identity(rec: Recorder) -> None:
 
     mesh_class.get_rank, mesh_class.get_local_rank = mesh_get_rank, mesh_get_local_rank
     mesh_class.get_coordinate = mesh_get_coordinate
-    # the environment torchrun gives: a variable naming the rank, read by the script, is recorded
-    # with its exact value (a string: what the script makes of it cannot be followed)
+    # the environment torchrun gives: a variable naming the rank, read by the script, is an EnvText
+    # (the script's int() of it is the identity's RankValue; any other use records its exact text);
+    # with plain values (exact mode) the text itself, recorded exactly when it is read
     environ_class = type(os.environ)
 
     class WatchedEnviron(environ_class):
         def __getitem__(self, key):
             value = super().__getitem__(key)
             if key in ENV and _script_frame_outside(rec, ("os.py", "_collections_abc.py")):
+                if not rec.exact:
+                    return EnvText(key, value, rec)
                 rec.predicate(["env", key], value)
             return value
 

@@ -53,7 +53,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from emulator.capture.device import Devices, patch_autocast, patch_cuda, patch_module_to
 from emulator.capture.dispatch import Dispatch
 from emulator.capture.patches import patch_distributed, patch_identity, patch_optimizer
-from emulator.capture.recorder import CaptureError, Recorder
+from emulator.capture.recorder import CaptureError, Recorder, ScriptInt
 
 # imported before torch.cuda pretends to be there: the modules whose classes capture patches
 PREIMPORT = ("torch.distributed.device_mesh", "torch.nn.parallel")
@@ -96,7 +96,9 @@ def capture(spec: dict) -> dict:
     gc.disable()
     try:
         with fake, Devices(rec), Dispatch(rec):
-            runpy.run_path(rec.script, run_name="__main__")
+            # the script's own int(): its identity read from the environment stays a stand-in
+            names = {} if rec.exact else {"int": ScriptInt}
+            runpy.run_path(rec.script, init_globals=names, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise CaptureError(f"{_where(exc, rec.script)}: the script exited with status {exc.code}") from None

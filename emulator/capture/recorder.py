@@ -10,12 +10,13 @@ from __future__ import annotations
 import gc
 import json
 import numbers
+import operator
 import os
 import sys
 
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from emulator.capture.identity import BINARY, UNARY
+from emulator.capture.identity import BINARY, ENV, UNARY
 
 
 class CaptureError(Exception):
@@ -257,3 +258,113 @@ class RankValue:
 
 
 numbers.Integral.register(RankValue)  # ``isinstance(rank, numbers.Integral)`` as for an int
+
+
+class EnvText:
+    """The text of an environment variable naming the rank (``LOCAL_RANK``, ``RANK``... of
+    identity.ENV), read by the script's code. Converted by the script's ``int(...)``
+    (:class:`ScriptInt`) it becomes the identity's RankValue with nothing recorded yet; any other
+    use records the exact text and acts on it. Not a ``str`` subclass on purpose: C code reads a
+    str subclass's characters directly, unseen; a C function that wants a str raises on this one,
+    and the rank is captured again with plain values (the script tripped on the stand-in)."""
+
+    __slots__ = ("key", "text", "rec")
+
+    def __init__(self, key: str, text: str, rec: Recorder):
+        self.key, self.text, self.rec = key, text, rec
+
+    def exact(self) -> str:
+        self.rec.predicate(["env", self.key], self.text)
+        return self.text
+
+    def as_rank(self) -> RankValue:
+        """``int(text)``: the identity itself (identity.ENV names which)."""
+        return RankValue([ENV[self.key]], int(self.text), self.rec)
+
+    def __bool__(self) -> bool:
+        value = bool(self.text)
+        self.rec.predicate(["bool", ["env", self.key]], value)
+        return value
+
+    def __getattr__(self, name: str):  # str's methods (split, isdigit...): on the exact text
+        return getattr(self.exact(), name)
+
+    def __str__(self) -> str:
+        return self.exact()
+
+    def __repr__(self) -> str:
+        return repr(self.exact())
+
+    def __format__(self, spec: str) -> str:
+        return format(self.exact(), spec)
+
+    def __hash__(self) -> int:
+        return hash(self.exact())
+
+    def __int__(self) -> int:  # the builtin int (in a module of the script's folder): exact
+        return int(self.exact())
+
+    def __float__(self) -> float:
+        return float(self.exact())
+
+    def __len__(self) -> int:
+        return len(self.exact())
+
+    def __iter__(self):
+        return iter(self.exact())
+
+    def __getitem__(self, index):
+        return self.exact()[index]
+
+    def __contains__(self, part) -> bool:
+        return part in self.exact()
+
+    def __fspath__(self) -> str:
+        return self.exact()
+
+
+def _env_text_ops(cls):
+    """EnvText's comparisons and string operators: on the exact text."""
+    for name in ("eq", "ne", "lt", "le", "gt", "ge", "add", "mul", "mod"):
+
+        def forward(self, other, _name=name):
+            other = other.exact() if isinstance(other, EnvText) else other
+            return getattr(self.exact(), f"__{_name}__")(other)
+
+        setattr(cls, f"__{name}__", forward)
+    for name in ("add", "mul"):
+
+        def backward(self, other, _name=name):
+            return getattr(operator, _name)(other, self.exact())
+
+        setattr(cls, f"__r{name}__", backward)
+    return cls
+
+
+_env_text_ops(EnvText)
+
+
+class _ScriptIntType(type):
+    """``int(...)`` in the script's code: the identity stays a stand-in; otherwise the builtin."""
+
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs:
+            (value,) = args
+            if isinstance(value, EnvText):
+                return value.as_rank()
+            if isinstance(value, RankValue):
+                return value._derived(["int", value.expr], int(value.value))
+        return int(*args, **kwargs)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, int) or (isinstance(obj, RankValue) and isinstance(obj.value, int))
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, int)
+
+
+class ScriptInt(int, metaclass=_ScriptIntType):
+    """The name ``int`` in the script's globals under capture (emulator/capture/rank.py): what the
+    script converts to an int from its identity (``int(os.environ["LOCAL_RANK"])``) stays a
+    :class:`RankValue`; every other call is the builtin's. ``isinstance(x, int)`` answers as for the
+    builtin, and for a RankValue holding an int."""
