@@ -166,9 +166,9 @@ def covers(records: dict, rank: int, nproc: int) -> bool:
 def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, quiet: bool) -> list[int]:
     """Capture ranks until every rank is covered (:func:`covers`) by a captured one: rank 0 alone
     (a data-parallel script's one capture: a second rank at once would share its cores for nothing),
-    then in each round up to ``workers`` ranks not covered yet (chosen by :func:`_next_batch`). Two rounds in a row whose ranks cover no other rank (a script whose every
-    rank differs) are followed by all the rest at once, in one round. Returns each rank's
-    representative."""
+    then in each round up to ``workers`` ranks not covered yet (chosen by :func:`_next_batch`). Two
+    rounds in a row whose ranks cover no other rank (a script whose every rank differs) are followed
+    by all the rest at once, in one round. Returns each rank's representative."""
     rep_of = [-1] * world
     left = list(range(world))
     barren = 0  # rounds in a row that covered no rank beyond their own
