@@ -14,6 +14,7 @@ import operator
 import os
 import sys
 
+import numpy
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from emulator.capture.identity import BINARY, ENV, UNARY
@@ -367,4 +368,8 @@ class ScriptInt(int, metaclass=_ScriptIntType):
     """The name ``int`` in the script's globals under capture (emulator/capture/rank.py): what the
     script converts to an int from its identity (``int(os.environ["LOCAL_RANK"])``) stays a
     :class:`RankValue`; every other call is the builtin's. ``isinstance(x, int)`` answers as for the
-    builtin, and for a RankValue holding an int."""
+    builtin, and for a RankValue holding an int. numpy takes it for ``int`` as a dtype (its
+    ``dtype``); torch does not (``torch.zeros(n, dtype=int)`` raises: the rank is captured again
+    with plain values, where ``int`` is the builtin)."""
+
+    dtype = numpy.dtype(int)

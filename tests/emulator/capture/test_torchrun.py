@@ -185,6 +185,22 @@ def test_other_uses_of_the_local_rank_device_record_what_they_read(tmp_path, use
     assert captures["ranks_captured"] == ranks
 
 
+@pytest.mark.parametrize(("use", "ranks"), [
+    # numpy takes the script's int as the builtin's dtype: still one capture
+    ("import numpy as np\nassert np.zeros(3, dtype=int).dtype == np.int64", [0]),
+    # torch's parser does not: the script trips, and is captured again with plain values
+    ("assert torch.zeros(3, dtype=int).dtype == torch.int64", [0, 1, 2, 3]),
+])  # fmt: skip
+def test_int_as_a_dtype_in_the_script(tmp_path, use, ranks):
+    script = _script(tmp_path, textwrap.dedent("""
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w)
+    """) + use + "\n", "dtype.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 1, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == ranks and captured.templates == 1
+
+
 def test_a_rank_whose_identity_changes_its_stream_is_captured_and_the_others_share(tmp_path):
     # rank 7 of 8 does an extra op: neither the first node's ranks nor a sample of probes show it
     differ = _bare(tmp_path, """
