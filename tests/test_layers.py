@@ -186,3 +186,38 @@ def test_a_lazy_import_inside_a_function_counts():
     source = "def f():\n    from emulator.runner.sequence import run_job\n"
     known = {"emulator.runner.sequence", "emulator.engine.shard"}
     assert imports_of("emulator.engine.shard", source, False, known) == {"emulator.runner.sequence"}
+
+
+# third-party packages only some modules may import (ARCHITECTURE.md, "Rules the layers do not show")
+CONFINED = {"ray": ("actors",), "prometheus_client": ("emulator.monitoring",)}
+
+
+def external_importers(root: Path = ROOT) -> dict[str, set[str]]:
+    """Third-party top-level package -> the project modules that import it (anywhere in the file)."""
+    found: dict[str, set[str]] = {}
+    for name, path in module_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            for target in targets:
+                found.setdefault(target.split(".")[0], set()).add(name)
+    return found
+
+
+def test_torch_ray_and_prometheus_are_imported_only_where_allowed():
+    """torch only in the capture modules (emulator/capture/: those `python -m emulator.capture.rank`
+    runs, the ones its cache key hashes; never torchrun.py or identity.py, which the CLI imports),
+    ray only in actors/, prometheus_client only in emulator/monitoring/."""
+    from emulator.capture.torchrun import CAPTURE_MODULES
+
+    found = external_importers()
+    capture = {f"emulator.capture.{name.removesuffix('.py')}" for name in CAPTURE_MODULES}
+    assert found.get("torch", set()) - capture == set()
+    assert {"emulator.capture.torchrun", "emulator.capture.identity"} & found.get("torch", set()) == set()
+    for package, allowed in CONFINED.items():
+        outside = {m for m in found.get(package, set()) if not any(m == a or m.startswith(a + ".") for a in allowed)}
+        assert outside == set(), package

@@ -1,6 +1,6 @@
 """Which ranks provably run the same stream: the script's reads of its own rank identity.
 
-    emulator torchrun --nnodes 384 --nproc-per-node 8 configs/torch/dp_gpt.py   # 8 ranks captured for 3072
+    emulator torchrun --nnodes 384 --nproc-per-node 8 configs/torch/dp_gpt.py   # 1 rank captured for 3072
 
 A rank's stream is what a deterministic program does with its inputs. Under capture every input
 is the same on every rank (the script, its arguments, fake tensors without values, seeded random
@@ -14,10 +14,14 @@ The sources are ``dist.get_rank()`` (with or without a group), ``dist.get_node_l
 ``ProcessGroup.rank()``, a ``DeviceMesh``'s ``get_rank``, ``get_local_rank`` and
 ``get_coordinate``, and the environment's ``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``, ``NODE_RANK``
 and ``ROLE_RANK``. Read by the script's code (a file in the script's folder), they return an
-:class:`~emulator.capture.rank.RankValue` carrying the expression below; arithmetic on it stays an
+:class:`~emulator.capture.recorder.RankValue` carrying the expression below; arithmetic on it stays an
 expression, a comparison or a truth test records ``[expression, answer]``, and any other use (an
-index, a size, a string, a hash) records the exact value. An environment variable is a string: its
-exact value is recorded when it is read.
+index, a size, a string, a hash) records the exact value. An environment variable is read as an
+:class:`~emulator.capture.recorder.EnvText`: the script's ``int()`` of it is the RankValue of
+``["rank"]``, ``["local"]`` or ``["node"]``, any other use records its exact text (``["env",
+NAME]``). A RankValue used as the GPU to run on (``torch.cuda.set_device``, ``torch.device("cuda",
+i)``, ``.to(i)``, ``.cuda(i)``) records nothing: every index is the same pretend GPU
+(emulator/capture/device.py).
 
 Expressions are JSON lists: ``["rank"]``, ``["local"]``, ``["node"]``, ``["grank", ranks]`` (the
 rank's index in a group, -1 outside), ``["coord", ranks, shape, dim]`` (its coordinate in a device

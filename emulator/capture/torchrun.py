@@ -3,7 +3,7 @@
     emulator torchrun --cluster dgx-h100-ndr --nnodes 8 --nproc-per-node 8 configs/torch/fsdp_gpt.py --layers 8
 
 Two steps. **Capture**: each rank of the script runs in a local process under PyTorch's fake process
-group and fake tensors (emulator/capture/rank.py, the only module that imports torch), with the
+group and fake tensors (emulator/capture/rank.py and the modules it runs, the only ones that import torch), with the
 environment torchrun gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...), and
 writes the ordered stream of what its GPU would do. **Replay**: the streams run on the engine as
 rank programs (emulator/workloads/replay.py), an ordinary run with every output of ``emulator run``.
@@ -44,8 +44,12 @@ from emulator.hardware.gpus import get_gpu
 from emulator.workloads.replay import check_streams
 
 REPLAY_PROGRAM = Path(__file__).resolve().parents[1] / "workloads" / "replay.py"
-RANK_MODULE = Path(__file__).resolve().with_name("rank.py")
-FORMAT = 2  # bump when the capture format changes (the cache key holds rank.py's source too)
+CAPTURE_DIR = Path(__file__).resolve().parent
+# the capture code: what `python -m emulator.capture.rank` runs (rank.py and the modules it imports of
+# this package). The cache key holds their source, so that an edit to any of them recaptures;
+# tests/emulator/capture/test_cache_key.py fails if a module the capture imports is missing here
+CAPTURE_MODULES = ("rank.py", "recorder.py", "dispatch.py", "device.py", "patches.py", "identity.py")
+FORMAT = 2  # bump when the capture format changes (the cache key holds the capture code's source too)
 
 
 @dataclass
@@ -129,9 +133,14 @@ def cache_key(script: Path, script_args: list[str], torch_version: str, nnodes: 
     h = hashlib.sha256()
     for part in (script.read_bytes(), json.dumps(script_args).encode(), torch_version.encode(),
                  f"{nnodes}x{nproc}".encode(), json.dumps(gpu, sort_keys=True).encode(), mode.encode(),
-                 RANK_MODULE.read_bytes(), str(FORMAT).encode()):  # fmt: skip
+                 *capture_code(), str(FORMAT).encode()):  # fmt: skip
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
+
+
+def capture_code() -> list[bytes]:
+    """The source of every capture module, each with its name (a module renamed changes the key)."""
+    return [name.encode() + b"\0" + (CAPTURE_DIR / name).read_bytes() for name in CAPTURE_MODULES]
 
 
 def torch_version() -> str:
@@ -155,19 +164,18 @@ def covers(records: dict, rank: int, nproc: int) -> bool:
 
 
 def _capture_classes(run, captured: dict, world: int, nproc: int, workers: int, quiet: bool) -> list[int]:
-    """Capture ranks until every rank is covered (:func:`covers`) by a captured one: the first
-    ``workers`` ranks, then in each round up to ``workers`` ranks not covered yet (chosen by
-    :func:`_next_batch`). Two rounds in a row whose ranks cover no other rank (a script whose every
-    rank differs) are followed by all the rest at once, in one round. Returns each rank's
-    representative."""
+    """Capture ranks until every rank is covered (:func:`covers`) by a captured one: rank 0 alone
+    (a data-parallel script's one capture: a second rank at once would share its cores for nothing),
+    then in each round up to ``workers`` ranks not covered yet (chosen by :func:`_next_batch`). Two
+    rounds in a row whose ranks cover no other rank (a script whose every rank differs) are followed
+    by all the rest at once, in one round. Returns each rank's representative."""
     rep_of = [-1] * world
     left = list(range(world))
     barren = 0  # rounds in a row that covered no rank beyond their own
     while left:
-        batch = left[:workers] if len(left) == world else _next_batch(left, captured, nproc, workers)
+        batch = left[:1] if len(left) == world else _next_batch(left, captured, nproc, workers)
         if not quiet and len(left) == world:
-            print(f"capture: rank(s) {','.join(map(str, batch))} of {world} ({workers} at once)...", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(f"capture: rank {batch[0]} of {world}...", file=sys.stderr, flush=True)
         run(batch)
         for rank in batch:
             captured[rank]["_group_sets"] = [frozenset(g) for g in captured[rank]["groups"]]

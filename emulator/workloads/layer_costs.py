@@ -32,6 +32,15 @@ from emulator.errors import ConfigError
 from emulator.workloads import experts as ex
 from emulator.workloads import tensor_parallel as tp
 from emulator.workloads.context_parallel import kv_gather_bytes
+from emulator.workloads.eager_kernels import (
+    eager_qk_backward,
+    eager_qk_forward,
+    eager_rmsnorm_backward,
+    eager_rmsnorm_forward,
+)
+from emulator.workloads.layer_shape import LayerShape, Op
+from emulator.workloads.layer_shape import mem_op as _mem
+from emulator.workloads.layer_shape import qkvo_elements as _qkvo_elements
 from emulator.workloads.tensor_parallel import is_overlapped
 
 RECOMPUTE_MODES = ("none", "selective", "full")  # the modes the planner searches
@@ -42,96 +51,6 @@ ALL_RECOMPUTE_MODES = (*RECOMPUTE_MODES, OP_SELECTIVE)
 MASK_BYTES = 1  # torch dropout keeps a bool (1 byte) mask per element
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """Shape of one transformer layer and how it is split over tensor-parallel ranks.
-
-    ``ffn_hidden_size`` defaults to ``4*hidden_size`` and ``num_kv_heads`` to
-    ``num_attention_heads`` (GPT); ``gated_mlp`` is SwiGLU (three GEMMs of width ``f``);
-    ``bias=False`` is the LLaMA style (no linear biases, RMSNorm with a weight only).
-    """
-
-    hidden_size: int
-    num_attention_heads: int
-    seq_length: int
-    micro_batch_size: int
-    ffn_hidden_size: int | None = None
-    num_kv_heads: int | None = None
-    gated_mlp: bool = False
-    tensor_parallel: int = 1
-    sequence_parallel: bool = False
-    bytes_per_element: int = 2
-    bias: bool = True
-    context_parallel: int = 1  # ranks a sequence is split over (context_parallel.py)
-    context_algo: str = "ring"
-    flash_attention: bool = False  # a fused causal attention kernel (training.attention: flash)
-    tp_comm_overlap: bool = False  # TP all-gathers / reduce-scatters pipelined with their GEMMs
-    dropout: bool = True  # Megatron's hidden and attention dropout (1-byte masks); Llama-style models have none
-    # eager PyTorch kernels (training.kernels: eager): every elementwise op of the model definition
-    # its own memory-bound kernel (eager_* functions below); False: the fused kernels of Megatron
-    eager_kernels: bool = False
-    rope: bool = False  # rotary position embedding applied to Q and K (an eager kernel chain; fused: free)
-    # mixture of experts (experts.py): 0 experts is a dense MLP
-    num_experts: int = 0
-    moe_top_k: int = 2
-    moe_ffn_hidden_size: int = 0
-    moe_shared_experts: int = 0
-    expert_parallel: int = 1
-    expert_tensor: int = 1
-    expert_load: float = 1.0  # this rank's share of the routed tokens (mean 1)
-
-    def __post_init__(self) -> None:
-        if self.ffn_hidden_size is None:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-        if self.num_kv_heads is None:
-            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
-        h, a, kv, t = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.tensor_parallel
-        for key in ("hidden_size", "num_attention_heads", "seq_length", "micro_batch_size", "tensor_parallel",
-                    "context_parallel"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if h % a:
-            raise ConfigError(f"hidden_size ({h}) must be divisible by num_attention_heads ({a})")
-        if a % t:
-            raise ConfigError(f"num_attention_heads ({a}) must be divisible by tensor_parallel ({t})")
-        if kv < 1 or a % kv:
-            raise ConfigError(f"num_attention_heads ({a}) must be divisible by num_kv_heads ({kv})")
-        if kv % t and t % kv:
-            raise ConfigError(f"num_kv_heads ({kv}) and tensor_parallel ({t}) must divide one another")
-        if self.ffn_hidden_size % t:
-            raise ConfigError(f"ffn_hidden_size ({self.ffn_hidden_size}) must be divisible by tensor_parallel ({t})")
-        if self.sequence_parallel and self.seq_length % (t * self.context_parallel):
-            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by tensor_parallel ({t}) x "
-                              f"context_parallel ({self.context_parallel})")
-        if self.seq_length % self.context_parallel:
-            raise ConfigError(f"seq_length ({self.seq_length}) must be divisible by context_parallel "
-                              f"({self.context_parallel})")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def qkv_width(self) -> int:
-        """Output width of the fused QKV projection on one rank (K/V heads replicated if kv < t)."""
-        kv_per_rank = max(1, self.num_kv_heads // self.tensor_parallel)
-        return (self.num_attention_heads // self.tensor_parallel + 2 * kv_per_rank) * self.head_dim
-
-
-@dataclass(frozen=True)
-class Op:
-    """One operation of a rank's sequence: compute (matmul/attention/elementwise) or a TP collective."""
-
-    name: str
-    kind: str
-    flops: float = 0.0
-    bytes_moved: float = 0.0
-    collective: str | None = None
-    size_bytes: int = 0
-    group: str = "tp"  # the process group of a comm op: "tp" (tensor) or "cp" (context)
-    overlap: bool = False  # a comm op run beside the next compute op, waited for after it
-
-
 def _mask(shape: LayerShape) -> int:
     """Bytes per element of a dropout mask: none without dropout (the add and residual remain)."""
     return MASK_BYTES if shape.dropout else 0
@@ -139,10 +58,6 @@ def _mask(shape: LayerShape) -> int:
 
 def _gemm(name: str, m: int, n: int, k: int, e: int, batch: int = 1, kind: str = "matmul") -> Op:
     return Op(name, kind, flops=2.0 * batch * m * n * k, bytes_moved=float(batch * (m * k + k * n + m * n) * e))
-
-
-def _mem(name: str, bytes_moved: float) -> Op:
-    return Op(name, "elementwise", bytes_moved=float(bytes_moved))
 
 
 def _comm(name: str, collective: str, size_bytes: int, group: str = "tp", overlap: bool = False) -> Op:
@@ -179,16 +94,6 @@ def _attention_flops(shape: LayerShape) -> float:
     """The two attention GEMMs (scores and context) on one rank: ``2 * 2 * b * a/t * (s/c) * s * d``."""
     _, _, _, _, n_att, _ = _dims(shape)
     return 4.0 * n_att * shape.head_dim
-
-
-def _qkvo_elements(shape: LayerShape) -> tuple[int, int]:
-    """(Q or O elements of this rank's tokens, K or V elements a rank's queries read: the whole
-    sequence's under context parallelism) for this tensor rank's heads."""
-    n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
-    kv_heads = max(1, shape.num_kv_heads // shape.tensor_parallel)
-    q = n * (shape.num_attention_heads // shape.tensor_parallel) * shape.head_dim
-    kv = shape.micro_batch_size * shape.seq_length * kv_heads * shape.head_dim
-    return q, kv
 
 
 def _cp_exchange(shape: LayerShape, forward: bool) -> list[Op]:
@@ -234,7 +139,7 @@ def forward_ops(shape: LayerShape) -> list[Op]:
     ops = _norm_forward(shape, "ln1", n_rep)
     ops += _tp_comm(shape, "ln1.all_gather", "all_gather") if shape.sequence_parallel else []
     ops.append(_gemm("qkv", n, shape.qkv_width, h, e))
-    ops += _eager_qk_forward(shape) if shape.eager_kernels else []
+    ops += eager_qk_forward(shape) if shape.eager_kernels else []
     ops += _cp_exchange(shape, forward=True)
     ops += _core_attention_forward(shape)
     ops.append(_gemm("attention.out_proj", n, h, h // t, e))
@@ -457,106 +362,6 @@ def _norm_forward(shape: LayerShape, name: str, n_rep: int) -> list[Op]:
     return [_mem(name, 2 * e * n_rep * h)]
 
 
-# Eager PyTorch (training.kernels: eager). Each aten op is its own kernel reading its inputs from HBM
-# and writing its output there; the op lists follow the two reference model definitions:
-# - models without biases (Llama): torchtitan's Llama (torchtitan/models/llama/model.py, norms.py,
-#   Dec 2024): RMSNorm as ``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w``,
-#   separate wq/wk/wv projections, rotary embedding by complex multiplication in fp32,
-#   ``repeat_kv`` (expand + reshape: a copy) for grouped-query attention, SwiGLU as
-#   ``w2(silu(w1 x) * w3 x)``, residual adds;
-# - models with biases (GPT): configs/torch/fsdp_gpt.py: nn.LayerNorm (one native kernel each way),
-#   one fused QKV Linear split by view/permute/unbind (whose backward stacks the Q/K/V gradients
-#   and copies them contiguous), GELU, the biases inside addmm (their gradients a sum over tokens).
-# Both compute the loss as cross_entropy(logits.float()) (eager_loss_ops). Byte counts take each
-# operand once; per-row scalars (n values) are counted as the small kernels they are.
-
-
-def eager_rmsnorm_forward(name: str, rows: int, h: int, e: int) -> list[Op]:
-    """torchtitan's RMSNorm forward over ``rows`` tokens of width ``h``: 8 kernels, (e + 4) + 8 + 4 +
-    8 + (4 + e) + 2e = 4e + 28 bytes per element (36 in bf16) and three per-row kernels."""
-    m = rows * h
-    return [
-        _mem(f"{name}.to_fp32", (e + 4) * m),
-        _mem(f"{name}.pow", 8 * m),
-        _mem(f"{name}.mean", 4 * m + 4 * rows),
-        _mem(f"{name}.add_eps", 8 * rows),
-        _mem(f"{name}.rsqrt", 8 * rows),
-        _mem(f"{name}.mul_rsqrt", 8 * m + 4 * rows),
-        _mem(f"{name}.to_input_dtype", (4 + e) * m),
-        _mem(f"{name}.mul_weight", 2 * e * m),
-    ]
-
-
-def eager_rmsnorm_backward(name: str, rows: int, h: int, e: int) -> list[Op]:
-    """Autograd of :func:`eager_rmsnorm_forward`: 8e + 76 bytes per element (92 in bf16).
-
-    dy*w (2e), the weight's gradient dy*y then its sum over tokens (3e + e), the cast to fp32
-    (e + 4), d(x*r) = dy*r (8) and the row sums of dy*x (12 + 4), mean's backward (an expand
-    divided by h, 4), pow's backward (x^1, times 2, times the gradient: 8 + 8 + 12), the two
-    gradients of x summed (12) and cast back (4 + e); rsqrt's backward is three per-row kernels.
-    The kernels torch dispatches, one for one (tests/emulator/workloads/test_eager_kernels.py)."""
-    m = rows * h
-    return [
-        _mem(f"{name}.backward.mul_weight", 2 * e * m),
-        _mem(f"{name}.backward.weight_grad_mul", 3 * e * m),
-        _mem(f"{name}.backward.weight_grad_sum", e * m),
-        _mem(f"{name}.backward.to_fp32", (e + 4) * m),
-        _mem(f"{name}.backward.mul_rsqrt", 8 * m + 4 * rows),
-        _mem(f"{name}.backward.rsqrt_grad_mul", 12 * m),
-        _mem(f"{name}.backward.rsqrt_grad_sum", 4 * m + 4 * rows),
-        _mem(f"{name}.backward.rsqrt.pow", 8 * rows),  # d rsqrt(v) = -0.5 v^-1.5: three per-row kernels
-        _mem(f"{name}.backward.rsqrt.scale", 8 * rows),
-        _mem(f"{name}.backward.rsqrt.mul", 12 * rows),
-        _mem(f"{name}.backward.mean", 4 * m + 4 * rows),
-        _mem(f"{name}.backward.pow", 8 * m),
-        _mem(f"{name}.backward.pow_scale", 8 * m),
-        _mem(f"{name}.backward.pow_grad_mul", 12 * m),
-        _mem(f"{name}.backward.grad_add", 12 * m),
-        _mem(f"{name}.backward.to_input_dtype", (4 + e) * m),
-    ]
-
-
-def _rope_ops(name: str, elements: int, e: int, conj_bytes: int = 0) -> list[Op]:
-    """torchtitan's apply_rotary_emb on one tensor: cast to fp32 (e + 4), the complex product with
-    the frequencies (reads 4, writes 4), cast back (4 + e); its backward is the same three kernels,
-    after a copy of the conjugated frequencies (``conj_bytes``: read and written, per rank's tokens)."""
-    conj = [_mem(f"{name}.conj_freqs", conj_bytes)] if conj_bytes else []
-    return [*conj, _mem(f"{name}.to_fp32", (e + 4) * elements), _mem(f"{name}.complex_mul", 8 * elements),
-            _mem(f"{name}.to_input_dtype", (4 + e) * elements)]  # fmt: skip
-
-
-def _eager_qk_forward(shape: LayerShape) -> list[Op]:
-    """Between the QKV projection and the attention kernel, eager: RoPE on Q and K, and
-    ``repeat_kv``'s copies of K and V when there are fewer K/V heads than query heads."""
-    e = shape.bytes_per_element
-    q, kv = _qkvo_elements(shape)
-    ops = [*_rope_ops("attention.rope_q", q, e), *_rope_ops("attention.rope_k", kv, e)] if shape.rope else []
-    if shape.num_kv_heads < shape.num_attention_heads:
-        ops += [_mem(f"attention.repeat_kv.{x}", e * (kv + q)) for x in ("k", "v")]
-    return ops
-
-
-def _eager_qk_backward(shape: LayerShape) -> list[Op]:
-    """The backward of :func:`_eager_qk_forward` (repeat_kv's: a sum over the copies), and for the
-    fused QKV of the GPT definition the stack and contiguous copy of the Q/K/V gradients."""
-    e = shape.bytes_per_element
-    q, kv = _qkvo_elements(shape)
-    ops = []
-    if shape.num_kv_heads < shape.num_attention_heads:
-        ops += [_mem(f"attention.repeat_kv.{x}.backward", e * (kv + q)) for x in ("k", "v")]
-    if shape.rope:
-        # the complex64 frequencies of the rank's tokens, s/c x d/2 of 8 bytes, read and written
-        conj = 2 * 8 * (shape.seq_length // shape.context_parallel) * (shape.head_dim // 2)
-        ops += [*_rope_ops("attention.rope_q.backward", q, e, conj),
-                *_rope_ops("attention.rope_k.backward", kv, e, conj)]
-    if shape.bias:
-        n = shape.micro_batch_size * shape.seq_length // shape.context_parallel
-        ops += [_mem("attention.qkv_split.backward.stack", 2 * e * n * shape.qkv_width),
-                _mem("attention.qkv_split.backward.contiguous", 2 * e * n * shape.qkv_width),
-                _mem("qkv.bias_grad", e * n * shape.qkv_width)]  # fmt: skip
-    return ops
-
-
 def op_selective_gemms(shape: LayerShape) -> list[tuple[str, int, int]]:
     """The GEMMs of torchtitan's block in forward order, as ``(name, output width, input width)``:
     wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or fc1, fc2."""
@@ -632,7 +437,7 @@ def backward_ops(shape: LayerShape, recompute: str = "none") -> list[Op]:
     if recompute == "selective":
         ops += _core_attention_forward(shape, prefix="recompute.")
     ops += _core_attention_backward(shape)
-    ops += _eager_qk_backward(shape) if shape.eager_kernels else []
+    ops += eager_qk_backward(shape) if shape.eager_kernels else []
     qkv_comm = _tp_comm(shape, "qkv.tp_reduce.backward", "reduce_scatter")
     qkv_regather = _tp_comm(shape, "ln1.all_gather.recompute", "all_gather") if sp else []
     ops += _linear_backward("qkv", n, shape.qkv_width, h, e, qkv_comm, qkv_regather)

@@ -4,7 +4,7 @@
 
 emulator/capture/ runs the user's script per rank under fake tensors and writes what each rank's GPU
 would do (compute with FLOPs and bytes, collectives and point-to-point with their groups, waits,
-stream events, allocations, iteration marks; the format is in emulator/capture/rank.py). This
+stream events, allocations, iteration marks; the format is in emulator/capture/rank.py's docstring). This
 module turns that into a program of the mock GPU API, so that the replay is an ordinary run: the
 engine, the network model, the backends, every output of ``emulator run``.
 

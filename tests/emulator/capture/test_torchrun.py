@@ -126,15 +126,79 @@ def test_ranks_that_never_read_their_identity_are_captured_once(tmp_path):
     assert captures["ranks_captured"] == [0] and captures["rank_template"] == [0] * 8
 
 
-def test_ranks_are_captured_once_per_local_rank_when_the_script_reads_local_rank(tmp_path):
-    # LOCAL_RANK is read as a string whose use cannot be followed: one capture per value, equal streams
+def test_a_script_that_uses_local_rank_only_as_its_device_is_captured_once(tmp_path):
+    # LOCAL_RANK through int() is the identity's stand-in; as the device (set_device, torch.device,
+    # .to(i), .cuda(i)) it is not a use: every index is the same fake device
     same = _script(tmp_path, """
-        w = torch.zeros(256, device="cuda")
-        dist.all_reduce(w)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local)
+        assert isinstance(device, torch.device) and device.type == "cuda"
+        model = torch.nn.Linear(256, 256).to(device)
+        x = torch.randn(8, 256, device=device).to(local)
+        bias = torch.ones(256).cuda(local)
+        (model(x) + bias).sum().backward()
+        dist.all_reduce(model.weight.grad)
     """, "local.py")  # fmt: skip
     captured = torchrun.capture(str(same), [], 3, 4, "dgx-h100-ndr", workers=2, quiet=True)
     captures = json.loads(captured.path.read_text())
-    assert captures["ranks_captured"] == [0, 1, 2, 3] and captured.templates == 1
+    assert captures["ranks_captured"] == [0] and captured.templates == 1
+    assert captures["rank_template"] == [0] * 12
+    # the work is on the GPU: the forward and weight-gradient matmuls and the all-reduce
+    ops = captures["templates"][0]["ops"]
+    assert [op[2] for op in ops if op[0] == "C" and op[4] == "matmul"][:1] == [2 * 8 * 256 * 256]
+    assert [(op[1], op[2]) for op in ops if op[0] == "K"] == [("all_reduce", 4 * 256 * 256)]
+
+
+def test_a_stream_that_depends_on_local_rank_is_captured_per_distinct_value(tmp_path):
+    # the stand-in reaching a kernel's shape records its exact value: ranks share a stream only with
+    # ranks of the same shape
+    differ = _script(tmp_path, """
+        local = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local)
+        x = torch.zeros(256 * (1 + local % 2), device=device)
+        (x * 2).sum()
+        w = torch.zeros(256, device=device)
+        dist.all_reduce(w)
+    """, "shapes.py")  # fmt: skip
+    captured = torchrun.capture(str(differ), [], 2, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == [0, 1] and captured.templates == 2
+    assert captures["rank_template"] == [0, 1] * 4
+    muls = [[op[3] for op in template["ops"] if op[0] == "C" and op[1] == "mul"] for template in captures["templates"]]
+    assert muls == [[2 * 256 * 4], [2 * 512 * 4]]  # bytes read and written: the input and the output
+
+
+@pytest.mark.parametrize(("use", "ranks"), [
+    ('print("on", device)', [0, 1, 2, 3]),  # printing the device is its exact index
+    ('print(os.environ["LOCAL_RANK"])', [0, 1, 2, 3]),  # the text itself
+    ("if device.index == 1:\n    print('one')", [0, 1]),  # a comparison: its answer
+    ('torch.zeros(torch.cuda.current_device() + 1, device="cuda") * 2', [0, 1, 2, 3]),  # a shape
+])  # fmt: skip
+def test_other_uses_of_the_local_rank_device_record_what_they_read(tmp_path, use, ranks):
+    script = _script(tmp_path, textwrap.dedent("""
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        w = torch.zeros(256, device=device)
+        dist.all_reduce(w)
+    """) + use + "\n", "uses.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 2, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == ranks
+
+
+@pytest.mark.parametrize(("use", "ranks"), [
+    # numpy takes the script's int as the builtin's dtype: still one capture
+    ("import numpy as np\nassert np.zeros(3, dtype=int).dtype == np.int64", [0]),
+    # torch's parser does not: the script trips, and is captured again with plain values
+    ("assert torch.zeros(3, dtype=int).dtype == torch.int64", [0, 1, 2, 3]),
+])  # fmt: skip
+def test_int_as_a_dtype_in_the_script(tmp_path, use, ranks):
+    script = _script(tmp_path, textwrap.dedent("""
+        w = torch.zeros(256, device="cuda")
+        dist.all_reduce(w)
+    """) + use + "\n", "dtype.py")  # fmt: skip
+    captured = torchrun.capture(str(script), [], 1, 4, "dgx-h100-ndr", workers=2, quiet=True)
+    captures = json.loads(captured.path.read_text())
+    assert captures["ranks_captured"] == ranks and captured.templates == 1
 
 
 def test_a_rank_whose_identity_changes_its_stream_is_captured_and_the_others_share(tmp_path):
@@ -211,8 +275,8 @@ def test_a_script_that_trips_on_the_identity_value_is_captured_with_plain_values
     script = _bare(tmp_path, """
         import json
         rank = dist.get_rank()
-        assert isinstance(rank, int), type(rank)  # a RankValue is not an int: captured again, exactly
-        json.dumps({"rank": rank})
+        assert isinstance(rank, int), type(rank)  # the script's int: a RankValue holding an int is one
+        json.dumps({"rank": rank})  # not for json: captured again, exactly
         w = torch.zeros(256, device="cuda")
         dist.all_reduce(w)
     """, "strict.py")  # fmt: skip
@@ -251,7 +315,7 @@ def test_a_script_that_raises_is_one_line_with_its_location(tmp_path, capsys):
     assert code == 2
     line = _line_of(path, "raise ValueError")
     assert err.strip() == (f"error: rank 0: train.py:{line}: the script raised ValueError: hidden size must divide "
-                           f"by heads (and 1 more rank(s))")  # fmt: skip
+                           f"by heads")  # fmt: skip  (rank 0 is captured first, alone)
 
 
 def test_mismatched_send_recv_order_deadlocks_with_the_script_line(tmp_path, capsys):

@@ -9,6 +9,7 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.errors import ConfigError
+from emulator.workloads import eager_kernels
 from emulator.workloads import layer_costs as lc
 from emulator.workloads.memory import activation_bytes_per_layer, logits_bytes
 from tests.conftest import CONFIGS
@@ -227,10 +228,10 @@ def test_eager_rope_and_swiglu_are_the_kernels_torch_dispatches():
 
     elements = b * s * heads * d
     freq_bytes = freqs.numel() * freqs.element_size()
-    _same_kernels(lc._rope_ops("q", elements, 2), _dispatched(rope), freq_bytes)
+    _same_kernels(eager_kernels.rope_ops("q", elements, 2), _dispatched(rope), freq_bytes)
     grad = torch.randn(b, s, heads, d, dtype=torch.bfloat16)
     # backward: the product with the conjugate frequencies, which are first copied out (clone)
-    backward = lc._rope_ops("q", elements, 2, conj_bytes=2 * freq_bytes)
+    backward = eager_kernels.rope_ops("q", elements, 2, conj_bytes=2 * freq_bytes)
     _same_kernels(backward, _dispatched(lambda: out["rope"].backward(grad)), freq_bytes)
 
     gate = torch.randn(s, f, dtype=torch.bfloat16, requires_grad=True)
