@@ -44,6 +44,16 @@ G_FIELDS = 12
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
 # statuses
 ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
+# The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
+# a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
+# a kernel call every two or three events; so the entry points below take five buffers and cut the
+# arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
+# timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
+# ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
+H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_OF, H_RF = range(0, 20, 2)
+IB_HEADER = 20
+H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
+GB_HEADER = 10
 
 
 @njit(cache=True)
@@ -225,7 +235,7 @@ def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
 
 
 @njit(cache=True)
-def start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
     """The block's proxy started (its dependencies are done): its first compute op starts."""
     op = rs[ri, R_CHEAD]
     ops[op, O_GATE] = 0
@@ -233,7 +243,7 @@ def start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g
 
 
 @njit(cache=True)
-def begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
+def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
     row = tp[b, 0]
@@ -255,7 +265,7 @@ def begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g
 
 
 @njit(cache=True)
-def launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
+def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
     does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
     b = rs[ri, R_BT]
@@ -374,7 +384,7 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, 
 
 
 @njit(cache=True)
-def run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
         lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
     heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
@@ -401,3 +411,50 @@ def run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
             g[G_STATUS] = status
             return
     g[G_STATUS] = ST_LIMIT
+
+
+# -- entry points over the packed buffers (see H_* above) -------------------------------------------
+@njit(cache=True)
+def _rows(buf, h, cols):
+    """The 2-D array of ``cols`` columns whose (offset, rows) header pair is at ``buf[h]`` (a view)."""
+    o, n = buf[h], buf[h + 1]
+    return buf[o : o + n * cols].reshape((n, cols))
+
+
+@njit(cache=True)
+def _vec(buf, header, h):
+    """The 1-D array whose (offset, length) pair is at ``header[h]``, in ``buf`` (a view)."""
+    o = header[h]
+    return buf[o : o + header[h + 1]]
+
+
+@njit(cache=True)
+def begin_block(ib, gb, fb, tf, free, ri, b):
+    _begin_block(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
+                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
+                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, b)  # fmt: skip
+
+
+@njit(cache=True)
+def launch_rest(ib, gb, fb, tf, free, ri, now):
+    _launch_rest(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
+                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
+                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, now)  # fmt: skip
+
+
+@njit(cache=True)
+def start_block(ib, gb, fb, tf, free, ri, t):
+    _start_block(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
+                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
+                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, t)  # fmt: skip
+
+
+@njit(cache=True)
+def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
+    _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
+         _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
+         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
+         _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip

@@ -259,7 +259,7 @@ def test_closed_form_hold_equals_the_link_model():
 
 
 def test_the_kernels_key_is_the_shards():
-    """opkernels.run compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
+    """opkernels._run (under run) compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
     the literal 2 (numba has no tuple of the shard's constants), and OpCore.top_key gives it back:
     both must stay events.EV_OP_DONE, else the merged order, hence every result, changes."""
     import numpy as np
@@ -275,7 +275,7 @@ def test_the_kernels_key_is_the_shards():
     g[k.G_HEAPN] = 1
     heap = np.array([[7, 3, 5, 0]], np.int64)
     empty = np.zeros(1, np.int64)
-    k.run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
+    k._run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
           np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
           heap, g, np.zeros(4, np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
     assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
