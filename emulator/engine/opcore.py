@@ -146,9 +146,12 @@ class OpCore:
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
         rank_index[:] = self.rank_index
         self.rank_index = rank_index
-        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND):
+        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
+        self.ranks = ranks  # rank index -> rank
+        self.gm = memoryview(self.g)  # Python ints at a third of a numpy scalar's cost (the hot reads)
+        self.top_row = memoryview(self.heap[0])
         self.g[k.G_RING] = ring
         self.g[k.G_MAXAHEAD] = shard.max_ahead
         self.g[k.G_BUCKET] = shard.stats.bucket_ns
@@ -165,7 +168,8 @@ class OpCore:
         self.plan_info: list[tuple] = []  # index -> (accumulator, collective op name)
         self.free = shard.links.free
         self.tl = np.zeros(1 << 16, np.int64)
-        self.blocks: dict[int, tuple] = {}  # id(block) -> (block, template or -1, (gid, collectives))
+        # id(block) -> (block, template or -1, (gid, collectives), the proxy's (a, b))
+        self.blocks: dict[int, tuple] = {}
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
@@ -190,10 +194,10 @@ class OpCore:
 
     @property
     def events(self) -> int:
-        return int(self.g[k.G_EVENTS])
+        return self.gm[k.G_EVENTS]
 
     def _after(self) -> None:
-        g = self.g
+        g = self.gm
         if g[k.G_ERR]:
             raise AssertionError("compiled op engine: a ring or dependency table overflowed")
         if g[k.G_NOVF]:
@@ -207,12 +211,12 @@ class OpCore:
             if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
                 self.tl = _grown(self.tl, 2 * last)
                 self._pack()
-        self.top = self.heap.item(0, 0) if g[k.G_HEAPN] else INF
+        self.top = self.top_row[0] if g[k.G_HEAPN] else INF
 
     def top_key(self) -> tuple:
-        h = self.heap
-        rank = h.item(0, 1)
-        return h.item(0, 0), 2, rank, rank, h.item(0, 2)
+        h = self.top_row
+        rank = h[1]
+        return h[0], 2, rank, rank, h[2]
 
     def next_time_of(self, ranks) -> float:
         rows = self.heap[: int(self.g[k.G_HEAPN])]
@@ -302,8 +306,13 @@ class OpCore:
         known = self.blocks.get(id(block))
         if known is None or known[0] is not block:
             b, extra = self._template(block)
-            known = self.blocks[id(block)] = (block, b, extra)
-        _, b, extra = known
+            # the proxy's ``a`` and ``b``: the block's compute durations (the lookahead's stream
+            # sums) and the FLOPs of its last compute op, whose figures it takes when it completes
+            figures = None
+            if b >= 0:
+                figures = (self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
+            known = self.blocks[id(block)] = (block, b, extra, figures)
+        _, b, extra, figures = known
         rank = gpu.rank
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
@@ -320,24 +329,23 @@ class OpCore:
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
         shard = self.shard
-        ri = int(self.rank_index[rank])
-        k.begin_block(*self.args, ri, b)
-        # the proxy: ``a`` the block's compute durations (the lookahead's stream sums), ``b`` the
-        # FLOPs of its last compute op, whose figures it takes when it completes (block_done)
-        proxy = Op(BLOCK, None, self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
+        ri = gpu._ri
+        gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        # the proxy, which takes the block's last compute op's figures when it completes (block_done)
+        proxy = Op(BLOCK, None, *figures)
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
         while True:
             k.launch_rest(*self.args, ri, shard.now)
             self._after()
-            if self.g[k.G_STATUS] == k.ST_SUSPEND:
+            if self.gm[k.G_STATUS] == k.ST_SUSPEND:
                 shard._suspend(gpu)
                 continue
             return True
 
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
-        ri = int(self.rank_index[gpu.rank])
+        ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
         self._after()
@@ -349,21 +357,21 @@ class OpCore:
         else:
             k.run(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._after()
-        return int(self.g[k.G_STATUS])
+        return self.gm[k.G_STATUS]
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
         (duration, FLOPs, start) for Shard._complete."""
-        g = self.g
-        ri, t = int(g[k.G_RET_RI]), int(g[k.G_RET_T])
+        g = self.gm
+        ri = g[k.G_RET_RI]
         proxy = self.proxies[ri]
         proxy.kind = COMPUTE
-        proxy.t_start = int(g[k.G_RET_TSTART])
-        return self.shard.gpus[int(self.rs[ri, k.R_RANK])], proxy, t
+        proxy.t_start = g[k.G_RET_TSTART]
+        return self.shard.gpus[self.ranks[ri]], proxy, g[k.G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
-        g = self.g
-        return self.shard.gpus[int(self.rs[int(g[k.G_RET_RI]), k.R_RANK])], int(g[k.G_RET_T])
+        g = self.gm
+        return self.shard.gpus[self.ranks[g[k.G_RET_RI]]], g[k.G_RET_T]
 
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -426,7 +434,7 @@ def warm_up() -> None:
     core.ti[0] = (k.I_C, 5, 0)
     core.tp[0] = (0, 1)
     core._pack()
-    k.begin_block(*core.args, 0, 0)
+    core.rs[0, k.R_BEGIN] = 0
     k.launch_rest(*core.args, 0, 0)
     k.start_block(*core.args, 0, 0)
     k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

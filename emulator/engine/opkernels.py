@@ -26,7 +26,8 @@ from numba import njit
 MAX_WAITS = 8
 R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
-R_FIELDS = R_RANK + 1
+R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
+R_FIELDS = R_BEGIN + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_DEP0 = range(11)
 MAX_DEPS = 8
@@ -429,27 +430,37 @@ def _vec(buf, header, h):
 
 
 @njit(cache=True)
-def begin_block(ib, gb, fb, tf, free, ri, b):
-    _begin_block(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
-                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
-                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, b)  # fmt: skip
+def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri):
+    """begin_block for the block the program launched (``R_BEGIN``, written from Python: one kernel
+    call less per block), before anything else of the rank's that needs its first op. Until then
+    the kernels see what they would see of it: nothing (a gated first op never starts, is never a
+    dependency, and only launch_rest reads ``R_LASTC``)."""
+    b = rs[ri, R_BEGIN]
+    if b >= 0:
+        rs[ri, R_BEGIN] = -1
+        _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b)
 
 
 @njit(cache=True)
 def launch_rest(ib, gb, fb, tf, free, ri, now):
-    _launch_rest(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
-                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
-                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, now)  # fmt: skip
+    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
+                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
+                                    _vec(gb, gb, H_PLK))  # fmt: skip
+    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
+    _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
 
 
 @njit(cache=True)
 def start_block(ib, gb, fb, tf, free, ri, t):
-    _start_block(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
-                 tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
-                 _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G), ri, t)  # fmt: skip
+    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
+                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
+                                    _vec(gb, gb, H_PLK))  # fmt: skip
+    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
+    _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
 
 
 @njit(cache=True)

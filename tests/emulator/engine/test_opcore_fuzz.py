@@ -268,7 +268,7 @@ def test_the_kernels_key_is_the_shards():
     from emulator.engine.events import EV_OP_DONE
 
     assert EV_OP_DONE == 2
-    core = SimpleNamespace(heap=np.array([[7, 3, 5, 0]], np.int64))
+    core = SimpleNamespace(top_row=memoryview(np.array([7, 3, 5, 0], np.int64)))
     assert OpCore.top_key(core) == (7, EV_OP_DONE, 3, 3, 5)
     # a limit key of the same time, kind and rank but a smaller seq stops the kernel before the op
     g = np.zeros(k.G_FIELDS, np.int64)
