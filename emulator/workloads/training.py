@@ -44,7 +44,7 @@ from emulator.workloads.memory import (
 )
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
-from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments
+from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments, repeat_prepared
 
 
 def training_program(config):
@@ -143,6 +143,25 @@ def training_program(config):
                 block = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
             launch_prepared(gpu, block, suffix)
 
+        repeated: dict[tuple, list | None] = {}  # (id(segments), layers) -> their blocks as one, or None
+
+        def run_layers(segments, layers: int, suffix: str) -> bool:
+            """``layers`` layers of ``segments`` back to back, launched as one block (the same ops as
+            ``layers`` run_segments calls; tensor_parallel.repeat_prepared); False when they cannot be."""
+            if layers < 2:
+                return False
+            key = (id(segments), layers)
+            block = repeated.get(key, False)
+            if block is False:
+                one = blocks.get(id(segments))
+                if one is None:
+                    one = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
+                block = repeated[key] = repeat_prepared(one, layers)
+            if block is None:
+                return False
+            launch_prepared(gpu, block, suffix)
+            return True
+
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
             if not zero3:
@@ -185,10 +204,12 @@ def training_program(config):
                 if waiting:
                     waiting.pop(0)[1].wait()
                 run_segments(segs.embedding_forward, suffix)
-            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
-                while waiting and waiting[0][0] <= layer:
-                    waiting.pop(0)[1].wait()
-                run_segments(segs.layer_forward, suffix)
+            # the chunk's layers as one block where nothing runs between them (no weight gathers)
+            if zero3 or waiting or not run_layers(segs.layer_forward, chunk_layers[chunk], suffix):
+                for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
+                    while waiting and waiting[0][0] <= layer:
+                        waiting.pop(0)[1].wait()
+                    run_segments(segs.layer_forward, suffix)
             if final:
                 if eager:
                     loss_buffers[mb] = gpu.alloc(logits_bytes(config), f"stage{stage}.loss.mb{mb}")
