@@ -228,6 +228,8 @@ class GPU:
     def _whole_bytes(self, size_bytes, what: str) -> int:
         """``size_bytes`` as an int: a whole number (numpy integers, and integral floats such as 1e6,
         too), at least 0."""
+        if type(size_bytes) is int and size_bytes >= 0:  # the common case, without the ABC checks below
+            return size_bytes
         whole = isinstance(size_bytes, numbers.Integral) or (
             isinstance(size_bytes, numbers.Real) and math.isfinite(size_bytes) and float(size_bytes).is_integer()
         )

@@ -160,6 +160,7 @@ class OpCore:
         self.tf = np.zeros(256, np.float64)
         self.tp = np.zeros((16, 2), np.int64)
         self.n_ti = self.n_tp = 0
+        self.template_of: dict[tuple, int] = {}  # a template's rows -> its index
         self.compute_ns: list[int] = []  # template -> its compute ops' summed durations
         self.pl = np.zeros((16, k.P_FIELDS), np.int64)
         self.plk = np.zeros(256, np.int64)
@@ -175,6 +176,13 @@ class OpCore:
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
         self.top = INF
         self._pack()
+
+    def _pack_if_grown(self) -> None:
+        """:meth:`_pack` when one of the growing arrays was grown (is no longer a view of the buffer)."""
+        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl)) or (
+            self.tf is not self.args[3]
+        ):
+            self._pack()
 
     def _pack(self) -> None:
         """Copy the growing arrays into one buffer (opkernels.H_TI ...) and view them there again."""
@@ -248,7 +256,7 @@ class OpCore:
         self.n_pl = p + 1
         self.plan_of[id(plan)] = (plan, p)
         self.plan_info.append((acc, call.op))
-        self._pack()
+        self._pack_if_grown()
         return p
 
     def _template(self, block: list) -> tuple[int, bool]:
@@ -284,6 +292,11 @@ class OpCore:
         if not eligible:
             return -1, tp_calls > 0
         extra = (gid, tp_calls) if tp_calls else None
+        # ranks' blocks of the same rows (their plans are their nodes') share a template
+        key = tuple(rows)
+        b = self.template_of.get(key)
+        if b is not None:
+            return b, extra
         start = self.n_ti
         self.ti = _grown(self.ti, start + len(rows))
         self.tf = _grown(self.tf, start + len(rows))
@@ -296,7 +309,8 @@ class OpCore:
         self.tp = _grown(self.tp, b + 1)
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
-        self._pack()
+        self.template_of[key] = b
+        self._pack_if_grown()
         return b, extra
 
     # -- launching (from the program) ---------------------------------------------------------

@@ -234,18 +234,23 @@ def training_program(config):
             if root_params and "grads" not in root and (final or first):
                 # the output layer's (or the embedding's) 16-bit gradients, unsharded until the copy-in
                 root["grads"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.gradients")
-            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
-                rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
-                run_segments(segs.layer_backward, suffix)
-                if rebuilt is not None:
-                    gpu.free(rebuilt)
-                if zero3:
-                    run_segments(copy_in, suffix)
-                    reduce_unit(layer_grad_bytes)
-                elif reduce_now and layer in buckets_after:
-                    reduce_bucket(buckets_after[layer])
-                if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
-                    reduce_bucket(expert_grad_bytes, edp_group)  # the layer's experts, over their replicas
+            # the chunk's layers as one block where nothing runs between them: no rebuilt layer's
+            # memory, no weight gathers or unit reductions (ZeRO-3), no gradient bucket after a layer
+            between = full_layer or zero3 or (reduce_now and buckets_after) or (
+                mb == micro - 1 and edp_group is not None and expert_grad_bytes)  # fmt: skip
+            if between or not run_layers(segs.layer_backward, chunk_layers[chunk], suffix):
+                for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
+                    rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
+                    run_segments(segs.layer_backward, suffix)
+                    if rebuilt is not None:
+                        gpu.free(rebuilt)
+                    if zero3:
+                        run_segments(copy_in, suffix)
+                        reduce_unit(layer_grad_bytes)
+                    elif reduce_now and layer in buckets_after:
+                        reduce_bucket(buckets_after[layer])
+                    if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
+                        reduce_bucket(expert_grad_bytes, edp_group)  # the layer's experts, over their replicas
             if first:
                 run_segments(segs.embedding_backward, suffix)
             if reduce_now and buckets_rest:
