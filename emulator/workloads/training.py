@@ -176,6 +176,16 @@ def training_program(config):
                 current.wait()
                 yield
 
+        messages: dict[tuple, tuple] = {}  # (kind, peer, tag) -> (api.prepare_p2p's message, its stream)
+
+        def message(kind: str, peer: int, tag: int, stream: str):
+            """Launch a pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p);
+            ``stream`` is the same for a (kind, peer, tag) every microbatch."""
+            known = messages.get((kind, peer, tag))
+            if known is None:
+                known = messages[(kind, peer, tag)] = (gpu.prepare_p2p(kind, peer, p2p_bytes, tag), stream)
+            return gpu.launch_p2p(*known)
+
         def neighbour(chunk: int, forward: bool) -> tuple[int, int]:
             """(rank, chunk) of the virtual stage this one sends to (forward) or sends gradients to."""
             dst_stage, dst_chunk = pipe.send_target(stage, chunk, forward, p.pipeline, chunks)
@@ -191,7 +201,7 @@ def training_program(config):
             final = stage == last_stage and chunk == chunks - 1
             if not first:
                 src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
-                gpu.recv(src, p2p_bytes, tag=chunk, async_op=True, stream=f"pp.recv.fwd{chunk}").wait()
+                message("recv", src, chunk, f"pp.recv.fwd{chunk}").wait()
             size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final and not eager else 0)
             activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
             suffix = f" mb{mb}"
@@ -216,14 +226,14 @@ def training_program(config):
                 run_segments(segs.logits_forward, suffix)
             else:
                 dst, dst_chunk = neighbour(chunk, True)
-                gpu.send(dst, p2p_bytes, tag=dst_chunk, async_op=True, stream="pp.send.fwd")
+                message("send", dst, dst_chunk, "pp.send.fwd")
 
         def backward(mb: int, chunk: int) -> None:
             first = stage == 0 and chunk == 0
             final = stage == last_stage and chunk == chunks - 1
             if not final:
                 src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
-                gpu.recv(src, p2p_bytes, tag=1000 + chunk, async_op=True, stream=f"pp.recv.bwd{chunk}").wait()
+                message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}").wait()
             suffix = f" mb{mb}"
             reduce_now = mb == micro - 1 and grad_group is not None and not zero3
             buckets_after, buckets_rest = grad_buckets[chunk]
@@ -267,7 +277,7 @@ def training_program(config):
                     root.clear()
             if not first:
                 dst, dst_chunk = neighbour(chunk, False)
-                gpu.send(dst, p2p_bytes, tag=1000 + dst_chunk, async_op=True, stream="pp.send.bwd")
+                message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
