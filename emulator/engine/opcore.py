@@ -1,7 +1,8 @@
 """The compiled per-op engine (``engine.op_engine: compiled``): the built-in workload's op blocks run
 in numba (emulator/engine/opkernels.py), many events per call.
 
-A block is what tensor_parallel.launch_prepared launches for a layer: fused compute segments on the
+A block is what tensor_parallel.launch_prepared launches for a layer, or for a chunk's layers back
+to back (training.run_layers, tensor_parallel.repeat_prepared): fused compute segments on the
 ``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
 is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
 of one arrival (collective_run.py), so a block's events - compute completions and closed-form
@@ -27,6 +28,10 @@ blocks that start and end with compute, whose collectives are the tensor group's
 one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
 carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
 bounds without the block's ops.
+
+Calls are cheap where they can be: the kernels take five packed buffers (opkernels.H_*) rather than
+fifteen arrays, a block begins in its rank's next kernel call (``R_BEGIN``), and the Python rules
+touch plain fields for the order-free totals (CompiledGPU).
 """
 
 from __future__ import annotations
