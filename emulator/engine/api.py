@@ -165,18 +165,27 @@ class GPU:
     def send(self, dst: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
         """Send ``size_bytes`` to rank ``dst``; matched with its recv by (source, tag, order)."""
-        dst = self._check_peer(dst, "send")
-        size_bytes = self._buffer_size(size_bytes, "send")
-        op = Op(SEND, f"send(dst={dst}, tag={tag}, {size_bytes} B)", dst, size_bytes, tag)
-        return self._blocking(self._launch(op, stream, comm=True), async_op)
+        return self._blocking(self.launch_p2p(self.prepare_p2p("send", dst, size_bytes, tag), stream), async_op)
 
     def recv(self, src: int, size_bytes: int, *, tag: int = 0, async_op: bool = False,
              stream: str = "comm") -> Handle:  # fmt: skip
         """Receive ``size_bytes`` from rank ``src``; completes when the message has arrived."""
-        src = self._check_peer(src, "recv")
-        size_bytes = self._buffer_size(size_bytes, "recv")
-        op = Op(RECV, f"recv(src={src}, tag={tag}, {size_bytes} B)", src, size_bytes, tag)
-        return self._blocking(self._launch(op, stream, comm=True), async_op)
+        return self._blocking(self.launch_p2p(self.prepare_p2p("recv", src, size_bytes, tag), stream), async_op)
+
+    def prepare_p2p(self, kind: str, peer: int, size_bytes: int, tag: int = 0) -> tuple:
+        """Check a ``"send"`` or ``"recv"`` of this rank once: what :meth:`launch_p2p` launches (the
+        built-in workload prepares its pipeline messages once and launches them every microbatch)."""
+        peer = self._check_peer(peer, kind)
+        size_bytes = self._buffer_size(size_bytes, kind)
+        if kind == "send":
+            return SEND, f"send(dst={peer}, tag={tag}, {size_bytes} B)", peer, size_bytes, tag
+        return RECV, f"recv(src={peer}, tag={tag}, {size_bytes} B)", peer, size_bytes, tag
+
+    def launch_p2p(self, prepared: tuple, stream: str) -> Handle:
+        """Launch a send or receive :meth:`prepare_p2p` checked, on ``stream``; returns its handle."""
+        op = Op(*prepared)
+        self._shard.launch(self._gpu, op, stream, True)
+        return op
 
     def all_reduce(self, size_bytes: int, group: Group | None = None, **kw) -> Handle:
         return self._collective("all_reduce", size_bytes, group, **kw)
@@ -228,6 +237,8 @@ class GPU:
     def _whole_bytes(self, size_bytes, what: str) -> int:
         """``size_bytes`` as an int: a whole number (numpy integers, and integral floats such as 1e6,
         too), at least 0."""
+        if type(size_bytes) is int and size_bytes >= 0:  # the common case, without the ABC checks below
+            return size_bytes
         whole = isinstance(size_bytes, numbers.Integral) or (
             isinstance(size_bytes, numbers.Real) and math.isfinite(size_bytes) and float(size_bytes).is_integer()
         )

@@ -1,7 +1,8 @@
 """The compiled per-op engine (``engine.op_engine: compiled``): the built-in workload's op blocks run
 in numba (emulator/engine/opkernels.py), many events per call.
 
-A block is what tensor_parallel.launch_prepared launches for a layer: fused compute segments on the
+A block is what tensor_parallel.launch_prepared launches for a layer, or for a chunk's layers back
+to back (training.run_layers, tensor_parallel.repeat_prepared): fused compute segments on the
 ``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
 is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
 of one arrival (collective_run.py), so a block's events - compute completions and closed-form
@@ -27,6 +28,10 @@ blocks that start and end with compute, whose collectives are the tensor group's
 one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
 carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
 bounds without the block's ops.
+
+Calls are cheap where they can be: the kernels take five packed buffers (opkernels.H_*) rather than
+fifteen arrays, a block begins in its rank's next kernel call (``R_BEGIN``), and the Python rules
+touch plain fields for the order-free totals (CompiledGPU).
 """
 
 from __future__ import annotations
@@ -43,36 +48,47 @@ _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", 
 
 
 class CompiledGPU(VirtualGPU):
-    """A virtual GPU whose counters live in the compiled engine's arrays (read and written by both
-    the Python rules and the kernels); every other field is VirtualGPU's."""
+    """A virtual GPU whose shared counters live in the compiled engine's arrays (read and written by
+    both the Python rules and the kernels): ``seq`` (one event-key counter), ``outstanding``,
+    ``flops_done`` (a float sum: one accumulator keeps the order of its additions); ``suspended``
+    and ``sync_op`` are mirrored there for the kernels to read. The order-free totals ``ops_done``,
+    ``compute_ns``, ``comm_ns`` (sums) and ``last_time`` (a maximum) are VirtualGPU's plain fields
+    for the Python rules, the kernels keep their own share, and OpCore.flush adds it (ShardStats.flush,
+    before anything reads them): a plain field costs a fifth of an array-backed property on the
+    Python path's every op. The arrays are read through memoryviews (Python ints and floats, as
+    ``ndarray.item`` gives, at half its cost)."""
 
-    __slots__ = ("_row", "_rf", "_ri", "_sync")
+    __slots__ = ("_mv", "_fmv", "_ri", "_sync", "_susp")
 
     def __init__(self, rank: int, node: int, spec, capacity_bytes: int, core: OpCore):
-        self._ri = core.rank_index[rank]
-        self._row = core.rs[self._ri]
-        self._rf = core.rf
+        self._ri = int(core.rank_index[rank])
+        self._mv = memoryview(core.rs[self._ri])
+        self._fmv = memoryview(core.rf)
         self._sync = None
+        self._susp = False
         super().__init__(rank, node, spec, capacity_bytes)
 
-    def _get(field):  # noqa: N805 - builds the properties below
-        return property(lambda self: self._row.item(field), lambda self, v: self._row.__setitem__(field, v))
+    def _shared(field):  # noqa: N805 - builds the properties below
+        def get(self):
+            return self._mv[field]
 
-    seq = _get(k.R_SEQ)
-    outstanding = _get(k.R_OUT)
-    ops_done = _get(k.R_OPSDONE)
-    last_time = _get(k.R_LAST)
-    compute_ns = _get(k.R_CNS)
-    comm_ns = _get(k.R_COMMNS)
-    del _get
+        def put(self, value):
+            self._mv[field] = value
+
+        return property(get, put)
+
+    seq = _shared(k.R_SEQ)
+    outstanding = _shared(k.R_OUT)
+    del _shared
 
     @property
     def suspended(self) -> bool:
-        return bool(self._row.item(k.R_SUSP))
+        return self._susp
 
     @suspended.setter
     def suspended(self, value: bool) -> None:
-        self._row[k.R_SUSP] = 1 if value else 0
+        self._susp = value
+        self._mv[k.R_SUSP] = 1 if value else 0
 
     @property
     def sync_op(self):
@@ -81,15 +97,15 @@ class CompiledGPU(VirtualGPU):
     @sync_op.setter
     def sync_op(self, op) -> None:
         self._sync = op
-        self._row[k.R_SYNC] = 0 if op is None else 1
+        self._mv[k.R_SYNC] = 0 if op is None else 1
 
     @property
     def flops_done(self) -> float:
-        return self._rf.item(self._ri)
+        return self._fmv[self._ri]
 
     @flops_done.setter
     def flops_done(self, value: float) -> None:
-        self._rf[self._ri] = value
+        self._fmv[self._ri] = value
 
 
 def _grown(a: np.ndarray, rows: int) -> np.ndarray:
@@ -115,22 +131,41 @@ class OpCore:
         ring = 64
         while ring < 2 * shard.max_ahead + 512:
             ring *= 2
-        self.rs = np.zeros((n, k.R_FIELDS), np.int64)
-        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND):
+        # the fixed-size arrays live in two buffers (opkernels.H_*: one argument each per kernel call)
+        n_links = len(shard.links.free)
+        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 4)),
+                 (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
+                 (k.H_RIDX, (shard.topo.world_size,)))  # fmt: skip
+        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) for _, shape in fixed), np.int64)
+        at = k.IB_HEADER
+        views = []
+        for h, shape in fixed:
+            size = int(np.prod(shape))
+            self.ib[h], self.ib[h + 1] = at, shape[0]
+            views.append(self.ib[at : at + size].reshape(shape))
+            at += size
+        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, rank_index = views
+        self.fb = np.zeros(n * ring + n, np.float64)
+        self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
+        self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
+        self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
+        rank_index[:] = self.rank_index
+        self.rank_index = rank_index
+        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
-        self.rf = np.zeros(n, np.float64)
-        self.ops = np.zeros((n * ring, k.O_FIELDS), np.int64)
-        self.of = np.zeros(n * ring, np.float64)
-        self.heap = np.zeros((2 * n + 16, 4), np.int64)
-        self.g = np.zeros(k.G_FIELDS, np.int64)
+        self.ranks = ranks  # rank index -> rank
+        self.gm = memoryview(self.g)  # Python ints at a third of a numpy scalar's cost (the hot reads)
+        self.top_row = memoryview(self.heap[0])
         self.g[k.G_RING] = ring
         self.g[k.G_MAXAHEAD] = shard.max_ahead
         self.g[k.G_BUCKET] = shard.stats.bucket_ns
+        # the arrays that grow (templates, plans, the tier-0 timeline): packed again when one does
         self.ti = np.zeros((256, 3), np.int64)
         self.tf = np.zeros(256, np.float64)
         self.tp = np.zeros((16, 2), np.int64)
         self.n_ti = self.n_tp = 0
+        self.template_of: dict[tuple, int] = {}  # a template's rows -> its index
         self.compute_ns: list[int] = []  # template -> its compute ops' summed durations
         self.pl = np.zeros((16, k.P_FIELDS), np.int64)
         self.plk = np.zeros(256, np.int64)
@@ -138,30 +173,44 @@ class OpCore:
         self.plan_of: dict[int, tuple] = {}  # id(closed plan) -> (plan, index)
         self.plan_info: list[tuple] = []  # index -> (accumulator, collective op name)
         self.free = shard.links.free
-        n_links = len(self.free)
-        self.qn = np.zeros(n_links, np.int64)
-        self.qm = np.zeros(n_links, np.int64)
         self.tl = np.zeros(1 << 16, np.int64)
-        self.ovf = np.zeros((1 << 14, 4), np.int64)
-        self.blocks: dict[int, tuple] = {}  # id(block) -> (block, template or -1, (gid, collectives))
+        # id(block) -> (block, template or -1, (gid, collectives), the proxy's (a, b))
+        self.blocks: dict[int, tuple] = {}
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
         self.top = INF
         self._pack()
 
+    def _pack_if_grown(self) -> None:
+        """:meth:`_pack` when one of the growing arrays was grown (is no longer a view of the buffer)."""
+        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl)) or (
+            self.tf is not self.args[3]
+        ):
+            self._pack()
+
     def _pack(self) -> None:
-        self.largs = (self.rs, self.ops, self.of, self.ti, self.tf, self.tp, self.pl, self.plk, self.free,
-                      self.qn, self.qm, self.tl, self.ovf, self.heap, self.g)  # fmt: skip
-        self.rargs = (self.rs, self.ops, self.of, self.rf, self.pl, self.plk, self.free, self.qn, self.qm,
-                      self.tl, self.ovf, self.heap, self.g, self.rank_index)  # fmt: skip
+        """Copy the growing arrays into one buffer (opkernels.H_TI ...) and view them there again."""
+        parts = ((k.H_TI, self.ti), (k.H_TP, self.tp), (k.H_PL, self.pl), (k.H_PLK, self.plk), (k.H_TL, self.tl))
+        gb = np.zeros(k.GB_HEADER + sum(a.size for _, a in parts), np.int64)
+        at = k.GB_HEADER
+        views = []
+        for h, a in parts:
+            gb[h], gb[h + 1] = at, a.shape[0]
+            view = gb[at : at + a.size].reshape(a.shape)
+            view[...] = a
+            views.append(view)
+            at += a.size
+        self.ti, self.tp, self.pl, self.plk, self.tl = views
+        self.gb = gb
+        self.args = (self.ib, gb, self.fb, self.tf, self.free)
 
     @property
     def events(self) -> int:
-        return int(self.g[k.G_EVENTS])
+        return self.gm[k.G_EVENTS]
 
     def _after(self) -> None:
-        g = self.g
+        g = self.gm
         if g[k.G_ERR]:
             raise AssertionError("compiled op engine: a ring or dependency table overflowed")
         if g[k.G_NOVF]:
@@ -175,12 +224,12 @@ class OpCore:
             if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
                 self.tl = _grown(self.tl, 2 * last)
                 self._pack()
-        self.top = self.heap.item(0, 0) if g[k.G_HEAPN] else INF
+        self.top = self.top_row[0] if g[k.G_HEAPN] else INF
 
     def top_key(self) -> tuple:
-        h = self.heap
-        rank = h.item(0, 1)
-        return h.item(0, 0), 2, rank, rank, h.item(0, 2)
+        h = self.top_row
+        rank = h[1]
+        return h[0], 2, rank, rank, h[2]
 
     def next_time_of(self, ranks) -> float:
         rows = self.heap[: int(self.g[k.G_HEAPN])]
@@ -212,7 +261,7 @@ class OpCore:
         self.n_pl = p + 1
         self.plan_of[id(plan)] = (plan, p)
         self.plan_info.append((acc, call.op))
-        self._pack()
+        self._pack_if_grown()
         return p
 
     def _template(self, block: list) -> tuple[int, bool]:
@@ -248,6 +297,11 @@ class OpCore:
         if not eligible:
             return -1, tp_calls > 0
         extra = (gid, tp_calls) if tp_calls else None
+        # ranks' blocks of the same rows (their plans are their nodes') share a template
+        key = tuple(rows)
+        b = self.template_of.get(key)
+        if b is not None:
+            return b, extra
         start = self.n_ti
         self.ti = _grown(self.ti, start + len(rows))
         self.tf = _grown(self.tf, start + len(rows))
@@ -260,7 +314,8 @@ class OpCore:
         self.tp = _grown(self.tp, b + 1)
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
-        self._pack()
+        self.template_of[key] = b
+        self._pack_if_grown()
         return b, extra
 
     # -- launching (from the program) ---------------------------------------------------------
@@ -270,8 +325,13 @@ class OpCore:
         known = self.blocks.get(id(block))
         if known is None or known[0] is not block:
             b, extra = self._template(block)
-            known = self.blocks[id(block)] = (block, b, extra)
-        _, b, extra = known
+            # the proxy's ``a`` and ``b``: the block's compute durations (the lookahead's stream
+            # sums) and the FLOPs of its last compute op, whose figures it takes when it completes
+            figures = None
+            if b >= 0:
+                figures = (self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
+            known = self.blocks[id(block)] = (block, b, extra, figures)
+        _, b, extra, figures = known
         rank = gpu.rank
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
@@ -288,50 +348,49 @@ class OpCore:
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
         shard = self.shard
-        ri = int(self.rank_index[rank])
-        k.begin_block(*self.largs, ri, b)
-        # the proxy: ``a`` the block's compute durations (the lookahead's stream sums), ``b`` the
-        # FLOPs of its last compute op, whose figures it takes when it completes (block_done)
-        proxy = Op(BLOCK, None, self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
+        ri = gpu._ri
+        gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        # the proxy, which takes the block's last compute op's figures when it completes (block_done)
+        proxy = Op(BLOCK, None, *figures)
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
         while True:
-            k.launch_rest(*self.largs, ri, shard.now)
+            k.launch_rest(*self.args, ri, shard.now)
             self._after()
-            if self.g[k.G_STATUS] == k.ST_SUSPEND:
+            if self.gm[k.G_STATUS] == k.ST_SUSPEND:
                 shard._suspend(gpu)
                 continue
             return True
 
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
-        ri = int(self.rank_index[gpu.rank])
+        ri = gpu._ri
         self.proxies[ri] = proxy
-        k.start_block(*self.largs, ri, t)
+        k.start_block(*self.args, ri, t)
         self._after()
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
         if limit is None:
-            k.run(*self.rargs, k.NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(*self.args, k.NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(*self.rargs, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
+            k.run(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._after()
-        return int(self.g[k.G_STATUS])
+        return self.gm[k.G_STATUS]
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
         (duration, FLOPs, start) for Shard._complete."""
-        g = self.g
-        ri, t = int(g[k.G_RET_RI]), int(g[k.G_RET_T])
+        g = self.gm
+        ri = g[k.G_RET_RI]
         proxy = self.proxies[ri]
         proxy.kind = COMPUTE
-        proxy.t_start = int(g[k.G_RET_TSTART])
-        return self.shard.gpus[int(self.rs[ri, k.R_RANK])], proxy, t
+        proxy.t_start = g[k.G_RET_TSTART]
+        return self.shard.gpus[self.ranks[ri]], proxy, g[k.G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
-        g = self.g
-        return self.shard.gpus[int(self.rs[int(g[k.G_RET_RI]), k.R_RANK])], int(g[k.G_RET_T])
+        g = self.gm
+        return self.shard.gpus[self.ranks[g[k.G_RET_RI]]], g[k.G_RET_T]
 
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -361,6 +420,17 @@ class OpCore:
             line[slot] = line.get(slot, 0) + int(self.tl[slot])
         self.tl[:] = 0
         rs = self.rs
+        gpus = self.shard.gpus
+        # the kernels' share of the order-free totals (CompiledGPU): sums added, the latest time kept
+        cols = [k.R_RANK, k.R_OPSDONE, k.R_LAST, k.R_CNS, k.R_COMMNS]
+        for rank, done, last, cns, comm in rs[np.flatnonzero(rs[:, k.R_OPSDONE])][:, cols].tolist():
+            gpu = gpus[rank]
+            gpu.ops_done += done
+            gpu.compute_ns += cns
+            gpu.comm_ns += comm
+            if last > gpu.last_time:
+                gpu.last_time = last
+        rs[:, k.R_OPSDONE] = rs[:, k.R_LAST] = rs[:, k.R_CNS] = rs[:, k.R_COMMNS] = 0
         for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
             gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
             for hit, col, stream, by in _WAITS:
@@ -382,7 +452,8 @@ def warm_up() -> None:
     core = OpCore(shard)
     core.ti[0] = (k.I_C, 5, 0)
     core.tp[0] = (0, 1)
-    k.begin_block(*core.largs, 0, 0)
-    k.launch_rest(*core.largs, 0, 0)
-    k.start_block(*core.largs, 0, 0)
-    k.run(*core.rargs, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+    core._pack()
+    core.rs[0, k.R_BEGIN] = 0
+    k.launch_rest(*core.args, 0, 0)
+    k.start_block(*core.args, 0, 0)
+    k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

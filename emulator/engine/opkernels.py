@@ -26,7 +26,8 @@ from numba import njit
 MAX_WAITS = 8
 R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
-R_FIELDS = R_RANK + 1
+R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
+R_FIELDS = R_BEGIN + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_DEP0 = range(11)
 MAX_DEPS = 8
@@ -44,6 +45,16 @@ G_FIELDS = 12
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
 # statuses
 ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
+# The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
+# a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
+# a kernel call every two or three events; so the entry points below take five buffers and cut the
+# arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
+# timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
+# ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
+H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_OF, H_RF = range(0, 20, 2)
+IB_HEADER = 20
+H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
+GB_HEADER = 10
 
 
 @njit(cache=True)
@@ -225,7 +236,7 @@ def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
 
 
 @njit(cache=True)
-def start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
     """The block's proxy started (its dependencies are done): its first compute op starts."""
     op = rs[ri, R_CHEAD]
     ops[op, O_GATE] = 0
@@ -233,7 +244,7 @@ def start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g
 
 
 @njit(cache=True)
-def begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
+def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
     row = tp[b, 0]
@@ -255,7 +266,7 @@ def begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g
 
 
 @njit(cache=True)
-def launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
+def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
     does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
     b = rs[ri, R_BT]
@@ -374,7 +385,7 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, 
 
 
 @njit(cache=True)
-def run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
         lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
     heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
@@ -401,3 +412,60 @@ def run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
             g[G_STATUS] = status
             return
     g[G_STATUS] = ST_LIMIT
+
+
+# -- entry points over the packed buffers (see H_* above) -------------------------------------------
+@njit(cache=True)
+def _rows(buf, h, cols):
+    """The 2-D array of ``cols`` columns whose (offset, rows) header pair is at ``buf[h]`` (a view)."""
+    o, n = buf[h], buf[h + 1]
+    return buf[o : o + n * cols].reshape((n, cols))
+
+
+@njit(cache=True)
+def _vec(buf, header, h):
+    """The 1-D array whose (offset, length) pair is at ``header[h]``, in ``buf`` (a view)."""
+    o = header[h]
+    return buf[o : o + header[h + 1]]
+
+
+@njit(cache=True)
+def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri):
+    """begin_block for the block the program launched (``R_BEGIN``, written from Python: one kernel
+    call less per block), before anything else of the rank's that needs its first op. Until then
+    the kernels see what they would see of it: nothing (a gated first op never starts, is never a
+    dependency, and only launch_rest reads ``R_LASTC``)."""
+    b = rs[ri, R_BEGIN]
+    if b >= 0:
+        rs[ri, R_BEGIN] = -1
+        _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b)
+
+
+@njit(cache=True)
+def launch_rest(ib, gb, fb, tf, free, ri, now):
+    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
+                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
+                                    _vec(gb, gb, H_PLK))  # fmt: skip
+    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
+    _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+
+
+@njit(cache=True)
+def start_block(ib, gb, fb, tf, free, ri, t):
+    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
+                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
+                                    _vec(gb, gb, H_PLK))  # fmt: skip
+    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
+    _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+
+
+@njit(cache=True)
+def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
+    _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
+         _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
+         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
+         _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip

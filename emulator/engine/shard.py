@@ -779,6 +779,7 @@ class Shard(CollectiveExecution):
 
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""
+        self.stats.flush()  # the compiled engine's share of the ranks' latest times (opcore.CompiledGPU)
         return blocked_ranks(self)
 
 

@@ -170,6 +170,22 @@ def launch_prepared(gpu, block: list[tuple], suffix: str = "") -> None:
             pending = None
 
 
+def repeat_prepared(block: list[tuple], times: int) -> list[tuple] | None:
+    """``times`` copies of a block of :func:`prepare_segments` as one block, which
+    :func:`launch_prepared` launches as it launches the copies one after another (the same ops in
+    the same order, hence the same run), and the compiled per-op engine as one block (one launch
+    and one proxy instead of ``times``); None when the copies would differ from it: the block ends
+    with an overlapped collective not waited for, which launch_prepared forgets at the block's end
+    and the next copy's ``"w"`` would wait for."""
+    pending = False
+    for kind, _, _, overlapped in block:
+        if kind == "m" and overlapped:
+            pending = True
+        elif kind == "w":
+            pending = False
+    return None if pending else block * times
+
+
 def segments_time_ns(segments: list[tuple], collective_ns, group_ns: dict | None = None) -> tuple[int, int]:
     """(elapsed, compute) ns of one pass over fused segments on the compute stream, in closed form.
 

@@ -44,7 +44,7 @@ from emulator.workloads.memory import (
 )
 from emulator.workloads.schedules import schedule_for
 from emulator.workloads.segments import layer_shape, model_segments
-from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments
+from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments, repeat_prepared
 
 
 def training_program(config):
@@ -143,6 +143,25 @@ def training_program(config):
                 block = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
             launch_prepared(gpu, block, suffix)
 
+        repeated: dict[tuple, list | None] = {}  # (id(segments), layers) -> their blocks as one, or None
+
+        def run_layers(segments, layers: int, suffix: str) -> bool:
+            """``layers`` layers of ``segments`` back to back, launched as one block (the same ops as
+            ``layers`` run_segments calls; tensor_parallel.repeat_prepared); False when they cannot be."""
+            if layers < 2:
+                return False
+            key = (id(segments), layers)
+            block = repeated.get(key, False)
+            if block is False:
+                one = blocks.get(id(segments))
+                if one is None:
+                    one = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
+                block = repeated[key] = repeat_prepared(one, layers)
+            if block is None:
+                return False
+            launch_prepared(gpu, block, suffix)
+            return True
+
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
             if not zero3:
@@ -156,6 +175,16 @@ def training_program(config):
                     ahead = gpu.all_gather(layer_weight_bytes, shard_group, async_op=True, stream="dp")
                 current.wait()
                 yield
+
+        messages: dict[tuple, tuple] = {}  # (kind, peer, tag) -> (api.prepare_p2p's message, its stream)
+
+        def message(kind: str, peer: int, tag: int, stream: str):
+            """Launch a pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p);
+            ``stream`` is the same for a (kind, peer, tag) every microbatch."""
+            known = messages.get((kind, peer, tag))
+            if known is None:
+                known = messages[(kind, peer, tag)] = (gpu.prepare_p2p(kind, peer, p2p_bytes, tag), stream)
+            return gpu.launch_p2p(*known)
 
         def neighbour(chunk: int, forward: bool) -> tuple[int, int]:
             """(rank, chunk) of the virtual stage this one sends to (forward) or sends gradients to."""
@@ -172,7 +201,7 @@ def training_program(config):
             final = stage == last_stage and chunk == chunks - 1
             if not first:
                 src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
-                gpu.recv(src, p2p_bytes, tag=chunk, async_op=True, stream=f"pp.recv.fwd{chunk}").wait()
+                message("recv", src, chunk, f"pp.recv.fwd{chunk}").wait()
             size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final and not eager else 0)
             activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
             suffix = f" mb{mb}"
@@ -185,24 +214,26 @@ def training_program(config):
                 if waiting:
                     waiting.pop(0)[1].wait()
                 run_segments(segs.embedding_forward, suffix)
-            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
-                while waiting and waiting[0][0] <= layer:
-                    waiting.pop(0)[1].wait()
-                run_segments(segs.layer_forward, suffix)
+            # the chunk's layers as one block where nothing runs between them (no weight gathers)
+            if zero3 or waiting or not run_layers(segs.layer_forward, chunk_layers[chunk], suffix):
+                for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
+                    while waiting and waiting[0][0] <= layer:
+                        waiting.pop(0)[1].wait()
+                    run_segments(segs.layer_forward, suffix)
             if final:
                 if eager:
                     loss_buffers[mb] = gpu.alloc(logits_bytes(config), f"stage{stage}.loss.mb{mb}")
                 run_segments(segs.logits_forward, suffix)
             else:
                 dst, dst_chunk = neighbour(chunk, True)
-                gpu.send(dst, p2p_bytes, tag=dst_chunk, async_op=True, stream="pp.send.fwd")
+                message("send", dst, dst_chunk, "pp.send.fwd")
 
         def backward(mb: int, chunk: int) -> None:
             first = stage == 0 and chunk == 0
             final = stage == last_stage and chunk == chunks - 1
             if not final:
                 src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
-                gpu.recv(src, p2p_bytes, tag=1000 + chunk, async_op=True, stream=f"pp.recv.bwd{chunk}").wait()
+                message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}").wait()
             suffix = f" mb{mb}"
             reduce_now = mb == micro - 1 and grad_group is not None and not zero3
             buckets_after, buckets_rest = grad_buckets[chunk]
@@ -213,18 +244,23 @@ def training_program(config):
             if root_params and "grads" not in root and (final or first):
                 # the output layer's (or the embedding's) 16-bit gradients, unsharded until the copy-in
                 root["grads"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.gradients")
-            for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
-                rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
-                run_segments(segs.layer_backward, suffix)
-                if rebuilt is not None:
-                    gpu.free(rebuilt)
-                if zero3:
-                    run_segments(copy_in, suffix)
-                    reduce_unit(layer_grad_bytes)
-                elif reduce_now and layer in buckets_after:
-                    reduce_bucket(buckets_after[layer])
-                if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
-                    reduce_bucket(expert_grad_bytes, edp_group)  # the layer's experts, over their replicas
+            # the chunk's layers as one block where nothing runs between them: no rebuilt layer's
+            # memory, no weight gathers or unit reductions (ZeRO-3), no gradient bucket after a layer
+            between = full_layer or zero3 or (reduce_now and buckets_after) or (
+                mb == micro - 1 and edp_group is not None and expert_grad_bytes)  # fmt: skip
+            if between or not run_layers(segs.layer_backward, chunk_layers[chunk], suffix):
+                for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
+                    rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
+                    run_segments(segs.layer_backward, suffix)
+                    if rebuilt is not None:
+                        gpu.free(rebuilt)
+                    if zero3:
+                        run_segments(copy_in, suffix)
+                        reduce_unit(layer_grad_bytes)
+                    elif reduce_now and layer in buckets_after:
+                        reduce_bucket(buckets_after[layer])
+                    if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
+                        reduce_bucket(expert_grad_bytes, edp_group)  # the layer's experts, over their replicas
             if first:
                 run_segments(segs.embedding_backward, suffix)
             if reduce_now and buckets_rest:
@@ -241,7 +277,7 @@ def training_program(config):
                     root.clear()
             if not first:
                 dst, dst_chunk = neighbour(chunk, False)
-                gpu.send(dst, p2p_bytes, tag=1000 + dst_chunk, async_op=True, stream="pp.send.bwd")
+                message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group

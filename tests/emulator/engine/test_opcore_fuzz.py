@@ -259,7 +259,7 @@ def test_closed_form_hold_equals_the_link_model():
 
 
 def test_the_kernels_key_is_the_shards():
-    """opkernels.run compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
+    """opkernels._run (under run) compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
     the literal 2 (numba has no tuple of the shard's constants), and OpCore.top_key gives it back:
     both must stay events.EV_OP_DONE, else the merged order, hence every result, changes."""
     import numpy as np
@@ -268,14 +268,14 @@ def test_the_kernels_key_is_the_shards():
     from emulator.engine.events import EV_OP_DONE
 
     assert EV_OP_DONE == 2
-    core = SimpleNamespace(heap=np.array([[7, 3, 5, 0]], np.int64))
+    core = SimpleNamespace(top_row=memoryview(np.array([7, 3, 5, 0], np.int64)))
     assert OpCore.top_key(core) == (7, EV_OP_DONE, 3, 3, 5)
     # a limit key of the same time, kind and rank but a smaller seq stops the kernel before the op
     g = np.zeros(k.G_FIELDS, np.int64)
     g[k.G_HEAPN] = 1
     heap = np.array([[7, 3, 5, 0]], np.int64)
     empty = np.zeros(1, np.int64)
-    k.run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
+    k._run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
           np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
           heap, g, np.zeros(4, np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
     assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
@@ -301,3 +301,39 @@ def test_a_block_waiting_for_more_collectives_than_the_kernels_hold_runs_in_pyth
 
     assert core._template(block(k.MAX_WAITS))[0] >= 0
     assert core._template(block(k.MAX_WAITS + 1)) == (-1, True)
+
+
+# the cases where a chunk's layers go as one block, or must not (something runs between them)
+LAYER_CASES = [
+    ("megatron-1t-3072gpu", ["training.global_batch_size=12"]),
+    ("megatron-1t-3072gpu", ["training.global_batch_size=12", "training.recompute=none", "engine.max_ops_ahead=3"]),
+    ("megatron-22b-8gpu", ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true",
+                           "training.recompute=selective"]),
+    ("megatron-175b-64gpu", ["training.global_batch_size=16", "training.recompute=none",
+                             "parallel.zero_stage=1", "parallel.overlap_param_gather=true"]),
+    ("megatron-175b-64gpu", ["training.global_batch_size=16", "parallel.zero_stage=3"]),
+    ("mixtral-8x7b-ep8-64gpu", ["training.global_batch_size=16", "training.recompute=none"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_layers_as_one_block_match_layer_by_layer(seed, tmp_path, monkeypatch):
+    """training.run_layers launches a chunk's layers as one block (tensor_parallel.repeat_prepared)
+    where nothing runs between them: the run directory is the one of launching them layer by layer,
+    under both engines (fuzzed cases of the cheap runs, and the cases above on seed 0)."""
+    from emulator.workloads import training
+
+    cases = [(CONFIGS / "runs" / f"{name}.yaml", overrides, 1, "default") for name, overrides in LAYER_CASES]
+    cases = (cases if seed == 0 else []) + list(_cases(100 + seed, 3, CHEAP))
+    for path, overrides, shards, trace in cases:
+        for engine in ("compiled", "python"):
+            tag = f"{path.stem}-{len(list(tmp_path.iterdir()))}"
+            merged = run_dir(path, overrides, engine, tmp_path / f"{tag}-m", shards, trace)
+            with monkeypatch.context() as patch:
+                patch.setattr(training, "repeat_prepared", lambda block, times: None)
+                single = run_dir(path, overrides, engine, tmp_path / f"{tag}-s", shards, trace)
+            case = (path.name, overrides, shards, trace, engine)
+            assert merged[0] == single[0], case
+            assert sorted(merged[1]) == sorted(single[1]), case
+            for name, contents in merged[1].items():
+                assert contents == single[1][name], (name, *case)

@@ -10,6 +10,7 @@ from emulator.workloads.tensor_parallel import (
     boundary_collective,
     collective_lead_ns,
     launch_segments,
+    repeat_prepared,
     segments_time_ns,
     vocab_rows,
 )
@@ -82,3 +83,17 @@ def test_launched_segments_take_the_closed_form_time():
         expected = segments_time_ns(part, lambda op, size: ring_collective_ns(topo, op, size, group))[0]
         assert ends[0][i + 1] - ends[0][i] == expected, i
     assert layer_shape(config).sequence_parallel  # the shipped run: the split collectives are the ones timed
+
+
+def test_repeat_prepared_only_where_the_copies_launch_alike():
+    """repeat_prepared concatenates a prepared block's copies unless one ends with an overlapped
+    collective not waited for: launch_prepared forgets it at a block's end, where the concatenation
+    would wait for it at the next copy's "w" (a different op sequence)."""
+    compute, wait = ("c", "gemm", 5, 1.0), ("w", None, None, None)
+    waited, overlapped = ("m", "call", "tp", False), ("m", "call", "tp", True)
+    block = [compute, overlapped, compute, wait, waited, compute]
+    assert repeat_prepared(block, 3) == block * 3
+    assert repeat_prepared([compute, waited, compute], 2) == [compute, waited, compute] * 2
+    assert repeat_prepared([compute, overlapped, compute], 2) is None
+    assert repeat_prepared([compute, overlapped, waited, compute], 2) is None  # a waited one clears nothing
+    assert repeat_prepared([compute, overlapped, compute, wait], 2) is not None
