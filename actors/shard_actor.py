@@ -228,8 +228,7 @@ class ShardHost:
         program, args = resolve_program(config)
         topo = Topology(config.cluster)
         settings = EngineSettings.from_run_config(config)  # as the driver built them: the same config
-        # resolve_program gave the built-in workload iff config.program is None
-        fold = fold_factor(settings, topo, program, args)
+        fold = fold_factor(settings, topo)  # resolve_program gave the built-in workload iff config.program is None
         self.shard = Shard(topo, ranks, rank_shard, index, program, settings, args, trace_ranks, fold, config)
         return self.shard.start()
 

@@ -49,7 +49,7 @@ def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, 
         program, args = resolve_program(config)
     settings = EngineSettings.from_run_config(config)
     layout, rank_shard = shard_layout(topo, shards, settings)
-    fold = fold_factor(settings, topo, program, args) if program_is_workload else 1
+    fold = fold_factor(settings, topo) if program_is_workload else 1
     with relaxed_gc():
         objs = [Shard(topo, ranks, rank_shard, i, program, settings, args, trace_ranks, fold, config)
                 for i, ranks in enumerate(layout)]  # fmt: skip

@@ -58,8 +58,7 @@ class CollectiveExecution:
         if self.in_closed_form(op.a, op.b):
             self._rendezvous(gpu, op, t, self._closed_plan(op.a, op.b))
             return
-        assert self.fold == 1 or self.core.node_fold or all(is_representative(r, self.fold) for r in op.a.ranks), (
-            "folded: no tensor group")
+        assert self.fold == 1 or all(is_representative(r, self.fold) for r in op.a.ranks), "folded: no tensor group"
         if self.compiled:
             status = self.core.start(gpu, op, t)
             if status < 0:  # no channels: nothing to send

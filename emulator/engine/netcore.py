@@ -92,12 +92,8 @@ class NetCore:
     INITIAL = {"heap": 1024, "msg": 1024, "ht": 4096, "runs": 64, "chans": 64, "segs": 64, "xf": 128,
                "cnt": 128, "rt": 64, "tl": 1024, "pend": 64, "outb": 256}  # fmt: skip
 
-    def __init__(self, topo, shard_index: int, rank_shard, fold: int, stats, node_fold: bool = False):
+    def __init__(self, topo, shard_index: int, rank_shard, fold: int, stats):
         self.topo = topo
-        # node folding (folding.py): one GPU per node stands for its node; a message to another GPU
-        # of a node is handed over to the node's representative as its rotated image
-        self.node_fold = node_fold and fold > 1
-        self.fold = fold
         self.stats = stats  # the shard's ShardStats, which flush() adds to
         bucket_ns = stats.bucket_ns
         i64 = np.int64
@@ -116,7 +112,7 @@ class NetCore:
         self.runs = np.zeros((size["runs"], 11), i64)
         self.chans = np.zeros((size["chans"], 7), i64)
         self.segs = np.zeros((size["segs"], 5), i64)
-        self.xf = np.zeros((size["xf"], 9), i64)
+        self.xf = np.zeros((size["xf"], 5), i64)
         self.cnt = np.zeros(size["cnt"], i64)
         self.rt = np.zeros((size["rt"], RT_LINKS + 2 * self.max_links), i64)
         self.rbw = np.zeros((size["rt"], 2), np.float64)
@@ -209,41 +205,22 @@ class NetCore:
             for sends, recvs, repeat in channel:
                 s_lo = len(xfs)
                 for peer, size, chan in sends:
-                    rid = self.rid(rank, peer)
-                    xfs.append((peer, size, chan, rid, slots.setdefault((0, peer, chan), len(slots)),
-                                *self._delivered(rank, peer, chan, rid)))  # fmt: skip
+                    xfs.append((peer, size, chan, self.rid(rank, peer), slots.setdefault((0, peer, chan), len(slots))))
                 r_lo = len(xfs)
                 for peer, size, chan in recvs:
-                    xfs.append((peer, size, chan, -1, slots.setdefault((1, peer, chan), len(slots)), -1, -1, -1, -1))
+                    xfs.append((peer, size, chan, -1, slots.setdefault((1, peer, chan), len(slots))))
                 segs.append((s_lo, len(sends), r_lo, len(recvs), repeat))
                 maxx = max(maxx, len(sends), len(recvs))
             chans.append((first, len(segs), segs[first][4] if len(segs) > first else 0))
         template = (
             np.array(chans, np.int64).reshape(-1, 3),
             np.array(segs, np.int64).reshape(-1, 5),
-            np.array(xfs, np.int64).reshape(-1, 9),
+            np.array(xfs, np.int64).reshape(-1, 5),
             len(slots),
             maxx,
         )
         self._templates[key] = (op.a, template)
         return template
-
-    def _delivered(self, src: int, dst: int, chan: int, rid: int) -> tuple[int, int, int, int]:
-        """``(receiver, sender, channel, route)`` a message from ``src`` to ``dst`` on ``chan`` is
-        handed over with. Unfolded: itself. Under node folding ``dst`` may be GPU ``l`` of its node,
-        which is not run: rotating every node's GPUs back by ``l`` (which maps the ring's channel
-        ``c`` onto ``c - l``, folding.py) turns the message into one the node's representative
-        receives, from GPU ``local(src) - l`` of the sender's node on channel ``chan - l``."""
-        if not self.node_fold:
-            return dst, src, chan, rid
-        topo, fold = self.topo, self.fold
-        shift = topo.rank_local[dst]
-        if shift == 0:
-            return dst, src, chan, rid
-        rep = dst - shift
-        first = topo.node_first_rank[topo.rank_node[src]]
-        dsrc = first + (topo.rank_local[src] - shift) % fold
-        return rep, dsrc, (chan - shift) % fold, self.rid(dsrc, rep)
 
     def start(self, gpu, op, t: int) -> int:
         """Start ``op`` (a collective) for ``gpu`` at ``t``; returns the kernel status, or -1 when

@@ -54,10 +54,7 @@ M_T, M_DST, M_SRC, M_SEQ, M_SIZE, M_ENDUP, M_GID, M_CSEQ, M_CHAN, M_K, M_SIG_LO,
 R_GID, R_CSEQ, R_SIG_LO, R_SIG_HI, R_LEFT, R_TEND, R_RANK, R_KIND, R_CLO, R_NCH, R_CNT = range(11)
 C_RUN, C_SEG, C_SEG_END, C_REP, C_PENDING, C_TEND, C_RANK = range(7)
 S_SLO, S_SN, S_RLO, S_RN, S_REP = range(5)
-# a send's delivered identity (X_DDST..X_DRID): the receiver, sender, channel and route the
-# message is handed over with; the transfer's own under node folding (folding.py), whose messages to
-# a folded GPU go to its node's representative as the rotated image of what it receives
-X_PEER, X_SIZE, X_CHAN, X_RID, X_CSLOT, X_DDST, X_DSRC, X_DCHAN, X_DRID = range(9)
+X_PEER, X_SIZE, X_CHAN, X_RID, X_CSLOT = range(5)
 RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then down links
 HT_EMPTY, HT_MSG, HT_WAITER = range(3)
 
@@ -338,10 +335,8 @@ def _write_msg(arr, i, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, 
 
 @njit(cache=True)
 def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend, rank_shard, mseq,
-            outb, src, size, rid, gid, cseq, k, sig_lo, sig_hi, kind, t, dst, dsrc, dchan, drid):  # fmt: skip
-    """Put a message on the sender's up-links (route ``rid``) at ``t``; returns when its tail has
-    left. It is handed over as from ``dsrc`` to ``dst`` on channel ``dchan`` by route ``drid`` (the
-    sender's own, unless node folding maps it to a representative: see the xf columns)."""
+            outb, src, dst, size, rid, gid, cseq, chan, k, sig_lo, sig_hi, kind, t):  # fmt: skip
+    """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
     nup = rt[rid, RT_NUP]
     start = t
     blocker = -1
@@ -358,7 +353,7 @@ def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, ts
     else:
         end_up = start + np.int64(-((-size) // rbw[rid, 0]))
     seq = mseq[src] + 1
-    mseq[src] = seq  # a folded sender's counter equals its representative's: the same sends
+    mseq[src] = seq
     # accounting (ShardStats.messages): a representative's message stands for ``fold`` of them
     tier = rt[rid, RT_TIER]
     count = st[FOLD]
@@ -377,12 +372,12 @@ def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, ts
         else:
             m = st[MSG_N]
             st[MSG_N] = m + 1
-        _write_msg(msg, m, t_hand, dst, dsrc, seq, size, end_up, gid, cseq, dchan, k, sig_lo, sig_hi, drid)
-        _push(heap, st, t_hand, EV_HANDOVER, dst, dsrc, seq, m)
+        _write_msg(msg, m, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid)
+        _push(heap, st, t_hand, EV_HANDOVER, dst, src, seq, m)
     else:
         o = st[OUT_N]
         st[OUT_N] = o + 1
-        _write_msg(outb, o, t_hand, dst, dsrc, seq, size, end_up, gid, cseq, dchan, k, sig_lo, sig_hi, drid)
+        _write_msg(outb, o, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid)
         outb[o, 13] = shard
     return end_up
 
@@ -483,8 +478,8 @@ def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, r
         k = cnt[slot]
         cnt[slot] = k + 1
         e = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
-                    rank_shard, mseq, outb, rank, xf[x, X_SIZE], xf[x, X_RID], gid, cseq, k, sig_lo, sig_hi, kind, t,
-                    xf[x, X_DDST], xf[x, X_DSRC], xf[x, X_DCHAN], xf[x, X_DRID])  # fmt: skip
+                    rank_shard, mseq, outb, rank, xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], gid, cseq, xf[x, X_CHAN],
+                    k, sig_lo, sig_hi, kind, t)  # fmt: skip
         if e > t_end:
             t_end = e
     pending = 0

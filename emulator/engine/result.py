@@ -80,7 +80,7 @@ def export_shard(shard) -> dict:
     if fold > 1:
         from emulator.engine.folding import replicate_links
 
-        data["links"] = replicate_links(topo, data["links"], sorted(owned_nodes), fold, shard.core.node_fold)
+        data["links"] = replicate_links(topo, data["links"], sorted(owned_nodes), fold)
     data["events"] = shard.events
     data["busy_s"] = shard.busy_s
     return data

@@ -31,7 +31,7 @@ from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
 from emulator.engine.faults import ComputeFaults, Failures
-from emulator.engine.folding import folds_nodes, is_representative
+from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
@@ -75,13 +75,11 @@ class Shard(CollectiveExecution):
         self.stats = ShardStats(topo, settings.timeline_bucket_ns, self.links)
         # message-level collectives run in the compiled core (netcore.py) unless the reference
         # Python path is asked for; both share the link state and the per-sender message counters
-        self.core = NetCore(topo, index, rank_shard, fold, self.stats, folds_nodes(settings, fold))
+        self.core = NetCore(topo, index, rank_shard, fold, self.stats)
         self.stats.core = self.core
         # a node or GPU failure (emulator/engine/faults.py) is honoured on the Python path only: the
         # compiled core keeps no failed-GPU state (both give the same results, the Python path slower)
         self.compiled = settings.collective_engine == "compiled" and self.failures is None
-        # node folding (folding.py) hands its messages over in the compiled core only
-        assert not self.core.node_fold or self.compiled, "node folding without the compiled core"
         self.mseq = self.core.mseq_py
         self.outbox: dict[int, list] = {}
         self.rendezvous: dict[tuple, list] = {}  # (group id, call #) -> members arrived (fast path)
@@ -733,8 +731,7 @@ class Shard(CollectiveExecution):
         tiers = len(topo.tier_names)
         tier_busy, tier_queued, tier_waits = [0] * tiers, [0] * tiers, [0] * tiers
         for tier, busy, q, w in zip(topo.link_tier, busy_ns, queued_ns, self.links.queued_messages, strict=True):
-            # rails (and under node folding scale-up ports) are replicated at the end
-            f = 1 if tier == 0 and not self.core.node_fold else fold
+            f = 1 if tier == 0 else fold  # rails are replicated at the end
             tier_busy[tier] += busy * f
             tier_queued[tier] += q * f
             tier_waits[tier] += w * f

@@ -188,41 +188,6 @@ def program(gpu) -> None:
         gpu.free(block)
 
 
-def node_symmetric(args: dict, gpus_per_node: int, ring_ops) -> bool:
-    """Whether every GPU of a node replays what the node's first GPU does, up to rotating the GPUs
-    of every node (the symmetry node folding uses, emulator/engine/folding.py): the same stream and
-    groups as it, no point-to-point op, and only ``ring_ops`` collectives, each over a group of
-    two or more whole nodes whose GPUs are listed in local order."""
-    captures = load_captures(args["capture"])
-    g = gpus_per_node
-    rank_template, templates = captures["rank_template"], captures["templates"]
-    if len(rank_template) % g:
-        return False
-    for index in set(rank_template):
-        for op in templates[index]["ops"]:
-            if op[0] == "P" or (op[0] == "K" and op[1] not in ring_ops):
-                return False
-    checked: set[tuple[int, ...]] = set()
-    for rank, index in enumerate(rank_template):
-        rep = rank - rank % g
-        groups = _rank_groups(captures, templates[index], rank)
-        if index != rank_template[rep] or groups != _rank_groups(captures, templates[index], rep):
-            return False
-        for ranks in groups:
-            key = tuple(ranks)
-            if key in checked:
-                continue
-            if len(ranks) < 2 * g or len(ranks) % g or any(
-                ranks[i] % g or ranks[i : i + g] != list(range(ranks[i], ranks[i] + g)) for i in range(0, len(ranks), g)
-            ):  # fmt: skip
-                return False
-            checked.add(key)
-    return True
-
-
-program.node_symmetric = node_symmetric
-
-
 def _rank_groups(captures: dict, template: dict, rank: int) -> list:
     """The process groups of ``rank``: its own where it was captured, else its template's."""
     own = captures.get("rank_groups", {}).get(str(rank))
