@@ -146,6 +146,8 @@ class NetCore:
 
     def _pack(self) -> None:
         self.args = tuple(getattr(self, name) for name in _ARRAYS)
+        # the kernels view them through their data pointers (netkernels._view)
+        assert all(a.flags.c_contiguous for a in self.args), "the kernels' arrays are C-contiguous"
 
     # -- state read by the shard ------------------------------------------------------------
     @property

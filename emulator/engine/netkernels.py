@@ -29,7 +29,9 @@ file only, so a helper edited in another module would leave stale code inlined i
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from emulator.engine import events
 
@@ -59,6 +61,26 @@ RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then do
 HT_EMPTY, HT_MSG, HT_WAITER = range(3)
 
 
+# -- views without reference counts ------------------------------------------------------------
+# An array numba receives from Python carries a reference count that numba updates with an atomic
+# instruction whenever a variable takes the array: at every call of a helper (and at every inlined
+# one's arguments), tens per event, which took two thirds of a ring's time. A view made from the
+# data pointer (carray) has no count to update. The entry kernels make such views of their arguments
+# once per call; the arrays themselves stay alive in NetCore for the whole call (they are replaced
+# only between calls, when grown) and are C-contiguous (NetCore._pack checks it).
+@intrinsic
+def _void_ptr(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(address), codegen
+
+
+@njit(cache=True, inline="always")
+def _view(a):
+    return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
+
+
 # -- heap ---------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _less(a0, a1, a2, a3, a4, heap, r) -> bool:
@@ -74,7 +96,7 @@ def _less(a0, a1, a2, a3, a4, heap, r) -> bool:
     return a4 < heap[r, 4]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push(heap, st, t, kind, rank, origin, seq, payload):
     i = st[HEAP_N]
     st[HEAP_N] = i + 1
@@ -94,7 +116,7 @@ def _push(heap, st, t, kind, rank, origin, seq, payload):
     heap[i, 5] = payload
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pop(heap, st):
     """Remove the top row; the caller has read it."""
     n = st[HEAP_N] - 1
@@ -143,7 +165,7 @@ def _hash(k0, k1, k2, k3, k4, k5, mask):
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ht_find(htk, hts, state, k0, k1, k2, k3, k4, k5):
     """Slot holding the key with ``state``, or -1."""
     mask = htk.shape[0] - 1
@@ -158,7 +180,7 @@ def _ht_find(htk, hts, state, k0, k1, k2, k3, k4, k5):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ht_insert(htk, hts, st, state, k0, k1, k2, k3, k4, k5):
     """Insert a key known to be absent; returns its slot."""
     mask = htk.shape[0] - 1
@@ -176,7 +198,7 @@ def _ht_insert(htk, hts, st, state, k0, k1, k2, k3, k4, k5):
     return i
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ht_delete(htk, htv, hts, st, i):
     """Empty slot ``i``, moving back the entries of its probe run that would become unreachable."""
     mask = htk.shape[0] - 1
@@ -221,7 +243,7 @@ def _bit_length(x):
     return b
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def timeline_add(tl, pend, st, tier, size, count, t, t_end, bucket):
     """ShardStats.messages' timeline rule (bytes spread pro rata over the buckets a message spans);
     rows beyond ``tl`` or at risk of int64 overflow go to ``pend`` for Python to add exactly."""
@@ -249,7 +271,7 @@ def timeline_add(tl, pend, st, tier, size, count, t, t_end, bucket):
 
 # -- the link model (netmodel/links.py, LinkModel: the same rules, in the same order of operations,
 # so that both engines give the same figures bit for bit) ----------------------------------------
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _finish(lbw, lwp, lwns, lwf, links, size, start):
     """LinkModel.finish_ns: when ``size`` bytes put on ``links`` at ``start`` have left the slowest
     of them, the pace piecewise constant between the edges of the links' slow-link windows."""
@@ -333,10 +355,12 @@ def _write_msg(arr, i, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, 
     arr[i, M_RID] = rid
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend, rank_shard, mseq,
-            outb, src, dst, size, rid, gid, cseq, chan, k, sig_lo, sig_hi, kind, t):  # fmt: skip
-    """Put a message on the sender's up-links at ``t``; returns when its tail has left."""
+            outb, xf, x, src, gid, cseq, k, sig_lo, sig_hi, kind, t):  # fmt: skip
+    """Put transfer ``x``'s message on the sender's up-links at ``t``; returns when its tail has
+    left. (At most 30 arguments: CPython passes more as ``*args``, which numba cannot inline.)"""
+    dst, size, rid, chan = xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], xf[x, X_CHAN]
     nup = rt[rid, RT_NUP]
     start = t
     blocker = -1
@@ -382,7 +406,7 @@ def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, ts
     return end_up
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _mismatch(st, run, rank, peer, sig_lo, sig_hi, t):
     st[STATUS] = MISMATCH
     st[RET_RUN] = run
@@ -393,7 +417,7 @@ def _mismatch(st, run, rank, peer, sig_lo, sig_hi, t):
     st[RET_T] = t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, cseqs, m,
               t):  # fmt: skip
     rid = msg[m, M_RID]
@@ -443,7 +467,7 @@ def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lf
         _push(heap, st, chans[c, C_TEND], EV_STEP, dst, dst, s, c)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
           tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t):  # fmt: skip
     """The channel's next step at ``t`` (its previous one has ended), or its end."""
@@ -478,8 +502,7 @@ def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, r
         k = cnt[slot]
         cnt[slot] = k + 1
         e = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
-                    rank_shard, mseq, outb, rank, xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], gid, cseq, xf[x, X_CHAN],
-                    k, sig_lo, sig_hi, kind, t)  # fmt: skip
+                    rank_shard, mseq, outb, xf, x, rank, gid, cseq, k, sig_lo, sig_hi, kind, t)  # fmt: skip
         if e > t_end:
             t_end = e
     pending = 0
@@ -533,7 +556,7 @@ def _top_before(heap, l0, l1, l2, l3, l4) -> bool:
     return heap[0, 4] < l4
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _set_top(st, heap):
     if st[HEAP_N] == 0:
         st[TOP_T] = -1
@@ -550,6 +573,12 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
                lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, l0, l1, l2, l3, l4, horizon):  # fmt: skip
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
     Python heap's top); stop after an event that needs Python (STATUS) or when an array is full."""
+    st, heap, msg, mfree = _view(st), _view(heap), _view(msg), _view(mfree)
+    htk, htv, hts, runs, chans = _view(htk), _view(htv), _view(hts), _view(runs), _view(chans)
+    segs, xf, cnt, rt, rbw = _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw)
+    lbw, lfree, lwp, lwns, lwf, lstat = _view(lbw), _view(lfree), _view(lwp), _view(lwns), _view(lwf), _view(lstat)
+    tstat, khist, tl, pend, rank_shard = _view(tstat), _view(khist), _view(tl), _view(pend), _view(rank_shard)
+    cseqs, mseq, outb = _view(cseqs), _view(mseq), _view(outb)
     st[STATUS] = OK
     while st[HEAP_N] > 0:
         if heap[0, 0] >= horizon or not _top_before(heap, l0, l1, l2, l3, l4):
@@ -575,6 +604,12 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
 def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, run, t):  # fmt: skip
     """A member starts a collective at ``t``: the first step of each of its channels, in order."""
+    st, heap, msg, mfree = _view(st), _view(heap), _view(msg), _view(mfree)
+    htk, htv, hts, runs, chans = _view(htk), _view(htv), _view(hts), _view(runs), _view(chans)
+    segs, xf, cnt, rt, rbw = _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw)
+    lbw, lfree, lwp, lwns, lwf, lstat = _view(lbw), _view(lfree), _view(lwp), _view(lwns), _view(lwf), _view(lstat)
+    tstat, khist, tl, pend, rank_shard = _view(tstat), _view(khist), _view(tl), _view(pend), _view(rank_shard)
+    cseqs, mseq, outb = _view(cseqs), _view(mseq), _view(outb)
     st[STATUS] = OK
     st[ACTIVE] += 1
     lo = runs[run, R_CLO]

@@ -131,7 +131,7 @@ def test_port_in_use_is_a_user_error():
 def test_two_scrapes_during_a_run_show_virtual_time_advancing(tmp_path):
     """While the run is in progress, virtual time and events grow between two scrapes."""
     port = free_port()
-    proc = start_emulator(port, tmp_path / "run", "--set", "cluster.nodes=2", "--set", "program_args.iterations=400",
+    proc = start_emulator(port, tmp_path / "run", "--set", "cluster.nodes=2", "--set", "program_args.iterations=4000",
                           "--metrics-grace-s", "0")  # fmt: skip
     try:
         first = wait_for(lambda: (s := scrape(port)) and s["emulator_virtual_time_seconds"] > 0 and s,
@@ -145,5 +145,5 @@ def test_two_scrapes_during_a_run_show_virtual_time_advancing(tmp_path):
         stop(proc)
     assert first["emulator_run_finished"] == 0 and second["emulator_run_finished"] == 0
     assert second["emulator_wall_time_seconds"] > first["emulator_wall_time_seconds"]
-    assert second["emulator_iterations_expected"] == 400
-    assert second["emulator_iterations_total"] < 400
+    assert second["emulator_iterations_expected"] == 4000
+    assert second["emulator_iterations_total"] < 4000
