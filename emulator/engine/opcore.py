@@ -218,8 +218,11 @@ class OpCore:
     def _after(self) -> None:
         g = self.gm
         if g[k.G_ERR]:
-            raise AssertionError("compiled op engine: a ring or dependency table overflowed"
-                                 if g[k.G_ERR] == 1 else "compiled op engine: a tensor group's members' calls differ")
+            raise AssertionError(
+                "compiled op engine: a ring or dependency table overflowed"
+                if g[k.G_ERR] == 1
+                else "compiled op engine: a tensor group's members' calls differ"
+            )
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
             bucket = int(g[k.G_BUCKET])
