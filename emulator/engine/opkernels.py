@@ -205,9 +205,6 @@ def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
         if n + 1 < arrivals:
             return
         gr[gi, GR_N] = 0
-    else:
-        gr[gi, GR_MEM0] = ri
-        gr[gi, GR_MEM0 + 1] = op
     # LinkModel.hold: the ports held together from when all are free
     lo, ln = pl[p, P_LPTR], pl[p, P_LLEN]
     start = t
@@ -227,6 +224,13 @@ def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     if start - t > pl[p, P_MAXWAIT]:
         pl[p, P_MAXWAIT] = start - t
     _timeline(tl, ovf, g, pl[p, P_MSGB], pl[p, P_MSGS], start, end)
+    if arrivals == 1:  # folded: the one member (the common case, without the table)
+        pl[p, P_CNS] += end - t  # NetCore.note_collective (live figures)
+        pl[p, P_CCOUNT] += 1
+        seq = rs[ri, R_SEQ] + 1
+        rs[ri, R_SEQ] = seq
+        _push(heap, g, end, rs[ri, R_RANK], seq, op)
+        return
     # every member's completion, in arrival order, each key's seq taken now from its rank's counter
     for i in range(arrivals):
         mri = gr[gi, GR_MEM0 + 2 * i]
