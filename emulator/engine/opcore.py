@@ -135,7 +135,7 @@ class OpCore:
         n_links = len(shard.links.free)
         fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 4)),
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
-                 (k.H_RIDX, (shard.topo.world_size,)))  # fmt: skip
+                 (k.H_RIDX, (shard.topo.world_size,)), (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
         self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) for _, shape in fixed), np.int64)
         at = k.IB_HEADER
         views = []
@@ -144,7 +144,7 @@ class OpCore:
             self.ib[h], self.ib[h + 1] = at, shape[0]
             views.append(self.ib[at : at + size].reshape(shape))
             at += size
-        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, rank_index = views
+        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, rank_index, self.gr = views
         self.fb = np.zeros(n * ring + n, np.float64)
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
@@ -172,6 +172,12 @@ class OpCore:
         self.n_pl = self.n_plk = 0
         self.plan_of: dict[int, tuple] = {}  # id(closed plan) -> (plan, index)
         self.plan_info: list[tuple] = []  # index -> (accumulator, collective op name)
+        self.group_index: dict[tuple, int] = {}  # a tensor group's ranks -> its row of ``gr``
+        self.sig_index: dict[int, int] = {}  # a call's signature -> a small int (the kernels compare them)
+        self.python_groups: dict[tuple, bool] = {}  # a tensor group's ranks -> whether Python runs it
+        # a slow GPU's kernels: their durations as launched (faults.py), taken by the templates;
+        # Shard.__init__ runs the kernels only where no fault depends on the time or the kernel's index
+        self.faults = shard.compute_faults
         self.free = shard.links.free
         self.tl = np.zeros(1 << 16, np.int64)
         # id(block) -> (block, template or -1, (gid, collectives), the proxy's (a, b))
@@ -212,7 +218,11 @@ class OpCore:
     def _after(self) -> None:
         g = self.gm
         if g[k.G_ERR]:
-            raise AssertionError("compiled op engine: a ring or dependency table overflowed")
+            raise AssertionError(
+                "compiled op engine: a ring or dependency table overflowed"
+                if g[k.G_ERR] == 1
+                else "compiled op engine: a tensor group's members' calls differ"
+            )
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
             bucket = int(g[k.G_BUCKET])
@@ -238,18 +248,19 @@ class OpCore:
 
     # -- templates ---------------------------------------------------------------------------
     def _plan(self, prepared) -> int:
-        """The index of a prepared tensor collective's closed-form plan, or -1 when it has none of
-        one arrival (then the block runs in Python)."""
-        group, call, algorithm, _sig, closed = prepared
+        """The index of a prepared tensor collective's closed-form plan, or -1 when it has none
+        (then the block runs in Python)."""
+        group, call, algorithm, sig, closed = prepared
         shard = self.shard
-        if closed is None or closed[1] != 1 or group.cross:
+        if closed is None or group.cross or not 1 <= closed[1] <= k.MAX_MEMBERS:
             return -1
+        if call.ranks not in self.group_index and len(self.group_index) >= self.gr.shape[0]:
+            return -1  # (a shard hosts a member of each group it plans: not expected)
         plan = shard._closed_plan(call, algorithm)
         known = self.plan_of.get(id(plan))
         if known is not None and known[0] is plan:
             return known[1]
         _, _, arrivals, links, _tx, _rx, duration, messages, msg_bytes, _per, _busy, acc = plan
-        assert arrivals == 1
         p = self.n_pl
         self.pl = _grown(self.pl, p + 1)
         self.plk = _grown(self.plk, self.n_plk + len(links))
@@ -257,6 +268,10 @@ class OpCore:
         self.pl[p, :] = 0
         self.pl[p, k.P_DUR], self.pl[p, k.P_MSGB], self.pl[p, k.P_MSGS] = duration, msg_bytes, messages
         self.pl[p, k.P_MEMBERS], self.pl[p, k.P_LPTR], self.pl[p, k.P_LLEN] = call.n, self.n_plk, len(links)
+        # the group's row of the arrivals table (one arrival: the member's own slot, read at once)
+        self.pl[p, k.P_ARRIVALS] = arrivals
+        self.pl[p, k.P_GROUP] = self.group_index.setdefault(call.ranks, len(self.group_index))
+        self.pl[p, k.P_SIG] = self.sig_index.setdefault(sig, len(self.sig_index))
         self.n_plk += len(links)
         self.n_pl = p + 1
         self.plan_of[id(plan)] = (plan, p)
@@ -264,9 +279,11 @@ class OpCore:
         self._pack_if_grown()
         return p
 
-    def _template(self, block: list) -> tuple[int, bool]:
-        """``(template, (tensor group id, its calls) or None)``; ``(-1, has tensor calls)`` when the
-        block is not eligible."""
+    def _template(self, block: list, rank: int) -> tuple[int, bool]:
+        """``(template, (tensor group id, its calls) or None)`` for ``rank``; ``(-1, has tensor
+        calls)`` when the block is not eligible."""
+        faults = self.faults
+        slow = faults is not None and rank in faults.ranks
         rows, tp_calls, gid = [], 0, 0
         eligible = bool(block) and block[0][0] == "c" and block[-1][0] == "c"
         pending = False
@@ -274,7 +291,11 @@ class OpCore:
         for kind, a, b, c in block:
             if kind == "c":
                 waits = 0
-                rows.append((k.I_C, b, 0, c))
+                if slow:  # Shard.launch's duration as launched, and what it costs (no jitter here)
+                    ns = faults.launch_ns(rank, b)
+                    rows.append((k.I_C, ns, ns - b, c))
+                else:
+                    rows.append((k.I_C, b, 0, c))
             elif kind == "m":
                 if b != "tp":
                     eligible = False
@@ -284,6 +305,8 @@ class OpCore:
                     eligible = False
                 tp_calls += 1
                 gid = a[0].gid
+                if self._python_group(a[1].ranks):
+                    eligible = False
                 plan = self._plan(a)
                 if plan < 0 or (c and pending):
                     eligible = False
@@ -318,21 +341,40 @@ class OpCore:
         self._pack_if_grown()
         return b, extra
 
+    def _python_group(self, ranks: tuple) -> bool:
+        """Whether the Python rules run the tensor group ``ranks``: when one of its members is
+        traced (api.GPU.launch_block), all do, or the members' arrivals would be split between the
+        kernels' table and collective_run's."""
+        known = self.python_groups.get(ranks)
+        if known is None:
+            gpus = self.shard.gpus
+            known = self.python_groups[ranks] = any(r in gpus and gpus[r].trace is not None for r in ranks)
+        return known
+
     # -- launching (from the program) ---------------------------------------------------------
     def launch(self, gpu: VirtualGPU, block: list) -> bool:
         """Launch a prepared block (tensor_parallel.prepare_segments) as launch_prepared would;
         False when it is not eligible (the caller launches it op by op)."""
-        known = self.blocks.get(id(block))
+        rank = gpu.rank
+        faults = self.faults
+        # a slow GPU's blocks have their own templates (their durations as launched)
+        key = id(block) if faults is None or rank not in faults.ranks else (id(block), rank)
+        known = self.blocks.get(key)
         if known is None or known[0] is not block:
-            b, extra = self._template(block)
-            # the proxy's ``a`` and ``b``: the block's compute durations (the lookahead's stream
-            # sums) and the FLOPs of its last compute op, whose figures it takes when it completes
+            b, extra = self._template(block, rank)
+            # the proxy's ``a``, ``b`` and ``c``: the block's compute durations as launched (the
+            # lookahead's stream sums), the FLOPs of its last compute op, whose figures it takes when
+            # it completes, and that op's nominal duration on a slow GPU (Shard._complete: the
+            # time the fault cost; the kernels count the block's other ops, R_LOST)
             figures = None
             if b >= 0:
-                figures = (self.compute_ns[b], self.tf.item(self.tp.item(b, 0) + self.tp.item(b, 1) - 1))
-            known = self.blocks[id(block)] = (block, b, extra, figures)
+                last = self.tp.item(b, 0) + self.tp.item(b, 1) - 1
+                nominal = None
+                if faults is not None and rank in faults.ranks:
+                    nominal = self.ti.item(last, 1) - self.ti.item(last, 2)
+                figures = (self.compute_ns[b], self.tf.item(last), nominal)
+            known = self.blocks[key] = (block, b, extra, figures)
         _, b, extra, figures = known
-        rank = gpu.rank
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
         # module docstring, makes them all eligible or none)
@@ -431,6 +473,10 @@ class OpCore:
             if last > gpu.last_time:
                 gpu.last_time = last
         rs[:, k.R_OPSDONE] = rs[:, k.R_LAST] = rs[:, k.R_CNS] = rs[:, k.R_COMMNS] = 0
+        lost = self.shard.compute_lost_ns
+        for rank, ns in rs[np.flatnonzero(rs[:, k.R_LOST])][:, [k.R_RANK, k.R_LOST]].tolist():
+            lost[rank] = lost.get(rank, 0) + ns
+        rs[:, k.R_LOST] = 0
         for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
             gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
             for hit, col, stream, by in _WAITS:
@@ -448,7 +494,7 @@ def warm_up() -> None:
 
     links = SimpleNamespace(free=np.zeros(2, np.int64))
     shard = SimpleNamespace(gpus={0: None}, topo=SimpleNamespace(world_size=1), max_ahead=4,
-                            stats=SimpleNamespace(bucket_ns=1000), links=links)  # fmt: skip
+                            stats=SimpleNamespace(bucket_ns=1000), links=links, compute_faults=None)  # fmt: skip
     core = OpCore(shard)
     core.ti[0] = (k.I_C, 5, 0)
     core.tp[0] = (0, 1)

@@ -2,7 +2,8 @@
 op blocks (fused compute segments and the tensor group's closed-form collectives between them).
 
 These are the rules of emulator/engine/shard.py (``launch``, ``_try_start``, ``_complete``) and of
-the intra-node closed form (collective_run.py ``_rendezvous`` with one arrival, netmodel/links.py
+the intra-node closed form (collective_run.py ``_rendezvous``: one arrival when the tensor group is
+folded, each member's when not; netmodel/links.py
 ``LinkModel.hold``) for the two streams a block uses, over arrays, many events per call. Every
 event has the key ``(t, EV_OP_DONE, rank, rank, seq)`` the Python path gives it, ``seq`` taken from
 the rank's one counter, so the shard merges this heap with its own and the order is unchanged;
@@ -11,9 +12,10 @@ tests/emulator/engine/test_opcore.py runs both paths and compares results bit fo
 State (all int64 unless said): ``rs[rank index, R_*]`` per rank, ``ops[op, O_*]`` per op (a ring of
 ``ring`` slots per rank), ``heap[i] = (t, rank, seq, op)``, ``g[G_*]`` globals and the returned
 status. Templates: ``ti[i] = (code, value, flag)`` with ``tf[i]`` the FLOPs, block ``b`` is rows
-``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration), ``I_M`` (collective: plan,
-flag 1 when overlapped), ``I_W`` (wait for the overlapped one). Plans ``pl[p, P_*]`` with their
-ports ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``.
+``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration as launched, flag its charged
+minus nominal ns on a slow GPU), ``I_M`` (collective: plan, flag 1 when overlapped), ``I_W`` (wait
+for the overlapped one). Plans ``pl[p, P_*]`` with their ports ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``;
+``gr`` the open call of each tensor group whose members arrive one by one (GR_*).
 """
 
 from __future__ import annotations
@@ -27,17 +29,25 @@ MAX_WAITS = 8
 R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
 R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
-R_FIELDS = R_BEGIN + 1
+R_LOST = R_BEGIN + 1  # charged minus nominal compute of the block ops done (a slow GPU: Shard.compute_lost_ns)
+R_FIELDS = R_LOST + 1
 # per op
-O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_DEP0 = range(11)
+O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 MAX_DEPS = 8
 O_FIELDS = O_DEP0 + MAX_DEPS
 K_C, K_M = 0, 1
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W = 0, 1, 2
 # plans
-P_DUR, P_MSGB, P_MSGS, P_MEMBERS, P_LPTR, P_LLEN, P_CALLS, P_MAXWAIT, P_CNS, P_CCOUNT = range(10)
-P_FIELDS = 10
+P_DUR, P_MSGB, P_MSGS, P_MEMBERS, P_LPTR, P_LLEN, P_CALLS, P_MAXWAIT, P_CNS, P_CCOUNT, P_ARRIVALS, P_GROUP, P_SIG = (
+    range(13))  # fmt: skip
+P_FIELDS = 13
+# the open call of a tensor group whose members arrive one by one (unfolded: collective_run._rendezvous):
+# ``gr[group, GR_N]`` members arrived, ``GR_SIG`` the first one's signature, then (rank index, op) pairs
+# in arrival order; a group has at most one open call (a member's next call waits behind this one)
+MAX_MEMBERS = 64
+GR_N, GR_SIG, GR_MEM0 = 0, 1, 2
+GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
 # globals
 (G_HEAPN, G_EVENTS, G_STATUS, G_RET_RI, G_RET_T, G_RET_TSTART, G_RET_OP, G_RING, G_MAXAHEAD, G_BUCKET, G_NOVF,
  G_ERR) = range(12)  # fmt: skip
@@ -51,8 +61,8 @@ ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 # arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
 # timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
 # ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
-H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_OF, H_RF = range(0, 20, 2)
-IB_HEADER = 20
+H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_GR, H_OF, H_RF = range(0, 22, 2)
+IB_HEADER = 22
 H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
@@ -118,6 +128,7 @@ def _new_op(rs, ops, g, ri, kind, value):
     ops[op, O_GATE] = 0
     ops[op, O_RI] = ri
     ops[op, O_NDEP] = 0
+    ops[op, O_LOST] = 0
     return op
 
 
@@ -167,17 +178,34 @@ def _timeline(tl, ovf, g, size, count, t, t_end):
 
 
 @njit(cache=True)
-def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t):
+def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """Shard._try_start for a head op whose dependencies are done (compute, or closed form)."""
     ops[op, O_STATE] = S_STARTED
     ops[op, O_TSTART] = t
-    seq = rs[ri, R_SEQ] + 1
-    rs[ri, R_SEQ] = seq
     if ops[op, O_KIND] == K_C:
+        seq = rs[ri, R_SEQ] + 1
+        rs[ri, R_SEQ] = seq
         _push(heap, g, t + ops[op, O_VAL], rs[ri, R_RANK], seq, op)
         return
-    # LinkModel.hold: the ports held together from when all are free
+    # collective_run._rendezvous: the call completes when its last member arrives (at once when one
+    # member stands for the group); until then an arrival takes no event key
     p = ops[op, O_VAL]
+    arrivals = pl[p, P_ARRIVALS]
+    gi = pl[p, P_GROUP]
+    if arrivals > 1:
+        n = gr[gi, GR_N]
+        if n == 0:
+            gr[gi, GR_SIG] = pl[p, P_SIG]
+        elif gr[gi, GR_SIG] != pl[p, P_SIG]:
+            g[G_ERR] = 2  # the members' calls differ (the built-in workload never does this)
+            return
+        gr[gi, GR_MEM0 + 2 * n] = ri
+        gr[gi, GR_MEM0 + 2 * n + 1] = op
+        gr[gi, GR_N] = n + 1
+        if n + 1 < arrivals:
+            return
+        gr[gi, GR_N] = 0
+    # LinkModel.hold: the ports held together from when all are free
     lo, ln = pl[p, P_LPTR], pl[p, P_LLEN]
     start = t
     blocker = -1
@@ -196,13 +224,27 @@ def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t):
     if start - t > pl[p, P_MAXWAIT]:
         pl[p, P_MAXWAIT] = start - t
     _timeline(tl, ovf, g, pl[p, P_MSGB], pl[p, P_MSGS], start, end)
-    pl[p, P_CNS] += end - t  # NetCore.note_collective (live figures)
-    pl[p, P_CCOUNT] += 1
-    _push(heap, g, end, rs[ri, R_RANK], seq, op)
+    if arrivals == 1:  # folded: the one member (the common case, without the table)
+        pl[p, P_CNS] += end - t  # NetCore.note_collective (live figures)
+        pl[p, P_CCOUNT] += 1
+        seq = rs[ri, R_SEQ] + 1
+        rs[ri, R_SEQ] = seq
+        _push(heap, g, end, rs[ri, R_RANK], seq, op)
+        return
+    # every member's completion, in arrival order, each key's seq taken now from its rank's counter
+    for i in range(arrivals):
+        mri = gr[gi, GR_MEM0 + 2 * i]
+        mop = gr[gi, GR_MEM0 + 2 * i + 1]
+        mp = ops[mop, O_VAL]
+        pl[mp, P_CNS] += end - ops[mop, O_TSTART]  # NetCore.note_collective (live figures)
+        pl[mp, P_CCOUNT] += 1
+        seq = rs[mri, R_SEQ] + 1
+        rs[mri, R_SEQ] = seq
+        _push(heap, g, end, rs[mri, R_RANK], seq, mop)
 
 
 @njit(cache=True)
-def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
     """Shard._try_start on the rank's compute stream (its block ops)."""
     op = rs[ri, R_CHEAD]
     if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
@@ -215,11 +257,11 @@ def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
         rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
         rs[ri, R_WCT_HIT] = 1
         rs[ri, R_CBLK] = -1
-    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t)
+    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
 
 
 @njit(cache=True)
-def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
     """Shard._try_start on the rank's tensor stream."""
     op = rs[ri, R_THEAD]
     if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
@@ -232,24 +274,25 @@ def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
         rs[ri, R_WTC] += t - rs[ri, R_TBLK]  # blocked by the compute stream
         rs[ri, R_WTC_HIT] = 1
         rs[ri, R_TBLK] = -1
-    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t)
+    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
 
 
 @njit(cache=True)
-def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t):
+def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
     """The block's proxy started (its dependencies are done): its first compute op starts."""
     op = rs[ri, R_CHEAD]
     ops[op, O_GATE] = 0
-    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)
-def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b):
+def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, b):
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
     row = tp[b, 0]
     op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
     of[op] = tf[row]
+    ops[op, O_LOST] = ti[row, 2]
     ops[op, O_GATE] = 1
     ops[op, O_LAST] = 1 if tp[b, 1] == 1 else 0
     if rs[ri, R_CTAIL] >= 0:
@@ -266,7 +309,7 @@ def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
 
 
 @njit(cache=True)
-def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now):
+def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
     does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
     b = rs[ri, R_BT]
@@ -289,6 +332,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
         if code == I_C:
             op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
             of[op] = tf[row]
+            ops[op, O_LOST] = ti[row, 2]
             if pos == n - 1:
                 ops[op, O_LAST] = 1
             for k in range(rs[ri, R_NWAIT]):
@@ -304,7 +348,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
             rs[ri, R_LASTC] = op
             rs[ri, R_OUT] += 1
             if rs[ri, R_CHEAD] == op:
-                _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+                _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
         else:
             op = _new_op(rs, ops, g, ri, K_M, ti[row, 1])
             last = rs[ri, R_LASTC]
@@ -317,7 +361,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
             rs[ri, R_TTAIL] = op
             rs[ri, R_OUT] += 1
             if rs[ri, R_THEAD] == op:
-                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
             if ti[row, 2]:
                 rs[ri, R_PEND] = op  # overlapped: waited for at the next I_W
             elif ops[op, O_STATE] != S_DONE:
@@ -331,7 +375,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
 
 
 @njit(cache=True)
-def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, t):
+def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """Shard._complete for a block op; returns a status when Python must act."""
     ops[op, O_STATE] = S_DONE
     kind = ops[op, O_KIND]
@@ -360,6 +404,7 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, 
         rs[ri, R_LAST] = t
     if kind == K_C:
         rs[ri, R_CNS] += t - ops[op, O_TSTART]
+        rs[ri, R_LOST] += ops[op, O_LOST]
         rf[ri] += of[op]
     else:
         rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
@@ -369,14 +414,14 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, 
         if ops[dep, O_DEPS] == 0:
             if ops[dep, O_KIND] == K_C:
                 if rs[ri, R_CHEAD] == dep:
-                    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+                    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
             elif rs[ri, R_THEAD] == dep:
-                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
     ops[op, O_NDEP] = 0
     if kind == K_C:
-        _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+        _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
     else:
-        _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+        _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
         g[G_RET_RI] = ri
         g[G_RET_T] = t
@@ -385,7 +430,7 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, op, 
 
 
 @njit(cache=True)
-def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index,
         lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
     heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
@@ -405,7 +450,7 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index,
         op = heap[0, 3]
         _pop(heap, g)
         g[G_EVENTS] += 1
-        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, rank_index[rank], op, t)
+        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index[rank], op, t)
         if g[G_ERR]:
             return
         if status != ST_LIMIT:
@@ -430,7 +475,7 @@ def _vec(buf, header, h):
 
 
 @njit(cache=True)
-def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri):
+def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri):
     """begin_block for the block the program launched (``R_BEGIN``, written from Python: one kernel
     call less per block), before anything else of the rank's that needs its first op. Until then
     the kernels see what they would see of it: nothing (a gated first op never starts, is never a
@@ -438,7 +483,7 @@ def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap
     b = rs[ri, R_BEGIN]
     if b >= 0:
         rs[ri, R_BEGIN] = -1
-        _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, b)
+        _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, b)
 
 
 @njit(cache=True)
@@ -448,8 +493,9 @@ def launch_rest(ib, gb, fb, tf, free, ri, now):
                                     _vec(gb, gb, H_PLK))  # fmt: skip
     qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
                                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
-    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
-    _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, now)
+    gr = _rows(ib, H_GR, GR_FIELDS)
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
+    _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
 
 
 @njit(cache=True)
@@ -459,8 +505,9 @@ def start_block(ib, gb, fb, tf, free, ri, t):
                                     _vec(gb, gb, H_PLK))  # fmt: skip
     qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
                                 _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
-    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri)
-    _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, ri, t)
+    gr = _rows(ib, H_GR, GR_FIELDS)
+    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
+    _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)
@@ -468,4 +515,4 @@ def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
     _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
          _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
          _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
-         _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip
+         _rows(ib, H_GR, GR_FIELDS), _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip

@@ -109,14 +109,16 @@ class Shard(CollectiveExecution):
         self.compute_lost_ns: dict[int, int] = {}  # rank -> charged minus nominal compute (faults)
         # the compiled per-op engine (emulator/engine/opcore.py) where it applies
         self.ops_core = None
-        # only with folded tensor groups (fold > 1): unfolded, a block's tensor collectives have one
-        # arrival per member, so opcore takes only the blocks without one, and with tensor 1 every
-        # block is one compute op; either way the kernels save nothing while the CompiledGPU counters
-        # (array-backed properties) slow every op the Python rules run: 1.1x-1.7x slower than
-        # ``op_engine: python`` (tests/emulator/engine/test_opcore_fuzz.py, the unfolded cases)
+        # only with tensor groups (tensor > 1, folded or not: unfolded, the kernels take each member's
+        # arrival): with tensor 1 every block is one compute op, the kernels save nothing while the
+        # CompiledGPU counters slow every op the Python rules run. Slow GPUs: only whole-run factors
+        # (a kernel's duration as launched is then fixed, the templates take it); jitter (a draw per
+        # kernel) and slowdown windows (a factor per start) run the Python rules
+        faults = self.compute_faults
         if (settings.op_engine == "compiled" and settings.builtin_workload and settings.tensor_only_blocks
-                and fold > 1
-                and self.failures is None and self.compute_faults is None and self._closed_tensor_ops()):  # fmt: skip
+                and settings.tensor > 1
+                and self.failures is None and (faults is None or not (faults.jitter or faults.windows))
+                and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
 
     def _closed_tensor_ops(self) -> bool:
@@ -297,7 +299,8 @@ class Shard(CollectiveExecution):
         kind = op.kind
         if kind == COMPUTE or kind == BLOCK:  # a block's proxy: ``a`` is its compute ops' durations
             faults = self.compute_faults
-            if faults is not None and gpu.rank in faults.ranks:
+            # (a proxy's durations are already as launched: opcore.OpCore._template)
+            if faults is not None and kind == COMPUTE and gpu.rank in faults.ranks:
                 op.c = op.a  # the nominal duration, for the time a fault cost (``compute_lost_ns``)
                 op.a = faults.launch_ns(gpu.rank, op.a)
             stream.launched_ns += op.a

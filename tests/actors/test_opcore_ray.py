@@ -16,6 +16,10 @@ from tests.emulator.engine.test_opcore_fuzz import assert_same_run_dirs, run_dir
     ("name", "overrides", "trace"),
     [
         ("megatron-1t-3072gpu", ["training.global_batch_size=12"], "0-15"),
+        # a straggler: tensor groups unfolded, each member's arrival in the kernels (untraced: rank
+        # 5's group runs them too)
+        ("megatron-1t-3072gpu", ["training.global_batch_size=12", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]"],
+         "none"),
         # programs suspended in the middle of a block, every rank traced, an interleaved schedule (17 s)
         pytest.param(
             "megatron-175b-64gpu",

@@ -140,9 +140,16 @@ def test_several_shards_match(shards, counted):
     assert compiled[0] == _run("megatron-1t-3072gpu", args, "compiled")[0]  # the fingerprint
 
 
-def test_faults_and_user_programs_take_the_python_rules(counted):
-    """A straggler (compute faults) runs without the compiled engine; same results either way."""
+def test_a_straggler_takes_the_kernels_and_jitter_the_python_rules(counted):
+    """A whole-run straggler (its kernels' durations as launched fixed: the templates take them,
+    tensor groups unfolded) runs the compiled engine, jitter (a draw per kernel) does not; the
+    results are the same either way."""
     args = ["training.global_batch_size=8", "faults.slow_gpu=[{ranks: [1], factor: 0.5}]"]
+    compiled = _run("megatron-175b-64gpu", args, "compiled")
+    assert counted[0] > 0
+    assert compiled == _run("megatron-175b-64gpu", args, "python")
+    counted[0] = 0
+    args = ["training.global_batch_size=8", "faults.jitter={sigma: 0.05}"]
     compiled = _run("megatron-175b-64gpu", args, "compiled")
     assert counted[0] == 0
     assert compiled == _run("megatron-175b-64gpu", args, "python")

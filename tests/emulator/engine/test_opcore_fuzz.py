@@ -188,18 +188,52 @@ def test_every_shipped_run_dir_matches(name, tmp_path):
     assert_same_run_dirs(tmp_path, CONFIGS / "runs" / f"{name}.yaml", SHRUNK[name])
 
 
-@pytest.mark.parametrize("overrides", [
-    ["parallel.tensor=4", "parallel.data=2", "training.global_batch_size=8"],  # tensor 4 of 8 GPUs per node: not folded
-    ["engine.fold_tensor_groups=false"],
+# tensor groups not folded (each member arrives at its tensor collectives: opkernels._start's
+# rendezvous), with the faults that unfold them; "(python)": the faults the kernels do not take
+UNFOLDED = [
+    ("megatron-22b-8gpu", ["engine.fold_tensor_groups=false"]),
+    ("megatron-22b-8gpu", ["parallel.tensor=4", "parallel.pipeline=2"]),  # 4 of 8 GPUs
+    ("megatron-22b-8gpu", ["faults.slow_gpu=[{ranks: [5], factor: 0.9}]"]),
+    ("megatron-22b-8gpu", ["faults.slow_gpu=[{ranks: [0, 3], factor: 0.7}, {ranks: [3], factor: 0.45}]"]),
+    ("megatron-22b-8gpu", ["faults.slow_gpu=[{ranks: [2], factor: 0.5, start_s: 0.01, end_s: 0.05}]"]),  # (python)
+    ("megatron-22b-8gpu", ["faults.jitter={sigma: 0.05}"]),  # (python)
+    ("megatron-22b-8gpu", ["faults.slow_gpu=[{ranks: [1], factor: 0.8}]", "faults.jitter={sigma: 0.05, ranks: [6]}"]),
+    ("megatron-22b-8gpu", ["engine.fold_tensor_groups=false", "parallel.tp_comm_overlap=true",
+                           "parallel.sequence_parallel=true", "engine.max_ops_ahead=3"]),
+    ("megatron-22b-8gpu", ["faults.slow_gpu=[{ranks: [4], factor: 0.6}]",
+                           "faults.slow_link=[{nic: {node: 0, index: 0}, factor: 0.25}]"]),
+    ("megatron-175b-64gpu", ["training.global_batch_size=16", "faults.slow_gpu=[{ranks: [9], factor: 0.9}]"]),
+    ("megatron-175b-64gpu", ["training.global_batch_size=16", "engine.fold_tensor_groups=false",
+                             "parallel.schedule=gpipe", "engine.timeline_bucket_us=1"]),
+    ("megatron-1t-3072gpu", ["training.global_batch_size=12", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(UNFOLDED)))
+def test_unfolded_tensor_groups_match(case, tmp_path):
+    """Unfolded tensor groups under both engines, whole run directories, on 1, 2 and 4 shards in
+    turn; untraced, or ranks 0-3 traced (a traced member sends its whole group to the Python rules,
+    OpCore._python_group: the other groups run the kernels beside it)."""
+    name, overrides = UNFOLDED[case]
+    path = CONFIGS / "runs" / f"{name}.yaml"
+    shards = (1, 2, 4)[case % 3]
+    trace = ("none", "0-3", "none")[case % 3]
+    assert_same_run_dirs(tmp_path, path, overrides, shards, trace)
+
+
+@pytest.mark.parametrize(("overrides", "compiled_expected"), [
+    (["engine.fold_tensor_groups=false"], True),
+    (["parallel.tensor=4", "parallel.pipeline=2"], True),  # tensor 4 of 8 GPUs
+    (["faults.slow_gpu=[{ranks: [5], factor: 0.9}]"], True),
+    (["faults.jitter={sigma: 0.05}"], False),  # a draw per kernel: its duration as launched is not fixed
+    (["faults.slow_gpu=[{ranks: [2], factor: 0.5, start_s: 0.01, end_s: 0.05}]"], False),  # a factor per start
     # tensor 1: every block is one compute op (bloom-560m-zero2 shrunk: 1.61 s against 1.47 s)
-    ["parallel.tensor=1", "parallel.data=8", "training.global_batch_size=32"],
+    (["parallel.tensor=1", "parallel.data=8", "training.global_batch_size=32"], False),
+    ([], True),  # folded tensor 8
 ])  # fmt: skip
-def test_unfolded_tensor_groups_run_the_python_rules(overrides, tmp_path, monkeypatch):
-    """Regression: with tensor > 1 unfolded no block with a tensor collective has one arrival, so
-    the kernels took only the few blocks without one, and with tensor 1 every block is a single
-    compute op, while the array-backed CompiledGPU counters slowed every other op
-    (gpt3-175b-nvidia-128gpu shrunk: 3.3-4.1 s against 2.1-2.5 s with the Python rules); the shard
-    now leaves such runs to the Python rules."""
+def test_which_runs_take_the_kernels(overrides, compiled_expected, tmp_path, monkeypatch):
+    """The shard's gate (Shard.__init__): unfolded tensor groups and whole-run slow-GPU factors run
+    the kernels; jitter, slowdown windows and tensor 1 the Python rules; the results are the same."""
     compiled = []
     build = Shard._compile_ops
 
@@ -207,12 +241,74 @@ def test_unfolded_tensor_groups_run_the_python_rules(overrides, tmp_path, monkey
         compiled.append(self.index)
         build(self)
 
+    from emulator.engine import opkernels as k
+
+    calls = {1: 0, 2: 0}  # the kernels' closed-form calls of one arrival, of several
+    flush = OpCore.flush
+
+    def flushing(self):
+        for arrivals, n in self.pl[: self.n_pl, [k.P_ARRIVALS, k.P_CALLS]].tolist():
+            calls[min(arrivals, 2)] += n
+        flush(self)
+
     monkeypatch.setattr(Shard, "_compile_ops", counting)
-    path = CONFIGS / "runs" / "megatron-22b-8gpu.yaml"
-    assert_same_run_dirs(tmp_path, path, overrides)
-    assert compiled == []
-    assert_same_run_dirs(tmp_path, path, [])  # folded tensor 8: the kernels run
-    assert compiled == [0]
+    monkeypatch.setattr(OpCore, "flush", flushing)
+    # untraced (the default traces rank 0, whose unfolded group then runs the Python rules)
+    assert_same_run_dirs(tmp_path, CONFIGS / "runs" / "megatron-22b-8gpu.yaml", overrides, trace="none")
+    assert compiled == ([0] if compiled_expected else [])
+    folded = not overrides
+    # where the kernels run, they run the tensor collectives: each member's arrival when unfolded
+    assert (calls[2] > 0) == (compiled_expected and not folded) and (calls[1] > 0) == folded
+
+
+def test_members_complete_in_arrival_order_with_their_seq_at_completion():
+    """opkernels._start for a call of several arrivals, against collective_run._rendezvous: an
+    arrival takes no event key; the last one holds the ports from its time, and every member's
+    completion is pushed in arrival order with the seq its rank's counter has then (a member's
+    compute completions between its arrival and the last one's move its counter on)."""
+    import numpy as np
+
+    from emulator.engine import opkernels as k
+
+    members = 4
+    rs = np.zeros((members, k.R_FIELDS), np.int64)
+    rs[:, k.R_RANK] = [10, 11, 12, 13]
+    ops = np.zeros((members, k.O_FIELDS), np.int64)
+    ops[:, k.O_KIND] = k.K_M
+    pl = np.zeros((1, k.P_FIELDS), np.int64)
+    plk = np.array([0, 1, 2], np.int64)
+    pl[0, k.P_LLEN], pl[0, k.P_DUR], pl[0, k.P_MEMBERS], pl[0, k.P_ARRIVALS] = 3, 100, members, members
+    pl[0, k.P_MSGB], pl[0, k.P_MSGS] = 8, 12
+    free = np.array([0, 0, 250], np.int64)
+    qn, qm = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    g = np.zeros(k.G_FIELDS, np.int64)
+    g[k.G_BUCKET] = 1000
+    heap = np.zeros((8, 4), np.int64)
+    gr = np.zeros((1, k.GR_FIELDS), np.int64)
+    args = (np.zeros(4), pl, plk, free, qn, qm, np.zeros(64, np.int64), np.zeros((4, 4), np.int64), heap, g, gr)
+    order = [2, 0, 3, 1]  # the members' rank indexes in arrival order, at t = 10, 20, 30, 40
+    for i, ri in enumerate(order):
+        rs[ri, k.R_SEQ] += 5 * ri  # other events of each rank since: their own counters
+        k._start(rs, ops, *args, ri, ri, 10 * (i + 1))
+        assert g[k.G_HEAPN] == (0 if i < members - 1 else members)
+        assert ops[ri, k.O_TSTART] == 10 * (i + 1)
+    # held from the last arrival (40) until the port free last (250) is free: ends at 350
+    assert free.tolist() == [350, 350, 350]
+    assert qn.tolist() == [0, 0, (250 - 40) * members] and qm.tolist() == [0, 0, members]
+    assert pl[0, k.P_CALLS] == 1 and pl[0, k.P_MAXWAIT] == 250 - 40
+    assert pl[0, k.P_CNS] == sum(350 - 10 * (i + 1) for i in range(members)) and pl[0, k.P_CCOUNT] == members
+    keys = sorted(tuple(row) for row in heap[:members].tolist())
+    assert keys == sorted((350, 10 + ri, 5 * ri + 1, ri) for ri in order)
+    assert rs[:, k.R_SEQ].tolist() == [5 * ri + 1 for ri in range(members)]
+    # a member whose call differs: reported (the built-in workload never issues one)
+    g[k.G_HEAPN] = 0
+    pl2 = np.vstack([pl, pl])
+    pl2[1, k.P_SIG] = 1
+    ops[1, k.O_VAL] = 1
+    args2 = (np.zeros(4), pl2, *args[2:])
+    k._start(rs, ops, *args2, 0, 0, 500)
+    k._start(rs, ops, *args2, 1, 1, 510)
+    assert g[k.G_ERR] == 2
 
 
 def test_closed_form_hold_equals_the_link_model():
@@ -235,6 +331,7 @@ def test_closed_form_hold_equals_the_link_model():
     g = np.zeros(k.G_FIELDS, np.int64)
     g[k.G_BUCKET] = 1000
     heap = np.zeros((8, 4), np.int64)
+    gr = np.zeros((1, k.GR_FIELDS), np.int64)
     args = (np.zeros(4), pl, plk, model.free, qn, qm, np.zeros(1 << 12, np.int64), np.zeros((64, 4), np.int64))
     for _ in range(500):
         links = rng.sample(range(n_links), rng.randint(1, 6))
@@ -248,10 +345,11 @@ def test_closed_form_hold_equals_the_link_model():
         model.free[:] = before
         plk[: len(links)] = links
         pl[0, k.P_LPTR], pl[0, k.P_LLEN], pl[0, k.P_DUR], pl[0, k.P_MEMBERS] = 0, len(links), duration, members
+        pl[0, k.P_ARRIVALS] = 1  # folded: one member stands for the group
         pl[0, k.P_MSGB], pl[0, k.P_MSGS] = 1, 1
         ops[0, k.O_KIND], ops[0, k.O_VAL] = k.K_M, 0
         g[k.G_HEAPN] = 0
-        k._start(rs, ops, *args, heap, g, 0, 0, t)
+        k._start(rs, ops, *args, heap, g, gr, 0, 0, t)
         assert list(model.free_py) == after
         assert heap[0, 0] == expected[1]  # its completion: the hold's end
     assert qn.tolist() == model.queued_ns and qm.tolist() == model.queued_messages
@@ -277,7 +375,8 @@ def test_the_kernels_key_is_the_shards():
     empty = np.zeros(1, np.int64)
     k._run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
           np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
-          heap, g, np.zeros(4, np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
+          heap, g, np.zeros((1, k.GR_FIELDS), np.int64), np.zeros(4, np.int64),
+          7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
     assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
 
 
@@ -290,17 +389,17 @@ def test_a_block_waiting_for_more_collectives_than_the_kernels_hold_runs_in_pyth
     from emulator.engine import opkernels as k
 
     links = SimpleNamespace(free=np.zeros(2, np.int64))
-    shard = SimpleNamespace(gpus={0: None}, topo=SimpleNamespace(world_size=1), max_ahead=4,
-                            stats=SimpleNamespace(bucket_ns=1000), links=links)  # fmt: skip
+    shard = SimpleNamespace(gpus={0: SimpleNamespace(trace=None)}, topo=SimpleNamespace(world_size=1), max_ahead=4,
+                            stats=SimpleNamespace(bucket_ns=1000), links=links, compute_faults=None)  # fmt: skip
     core = OpCore(shard)
     monkeypatch.setattr(core, "_plan", lambda prepared: 0)
-    tensor = (SimpleNamespace(gid=1),)
+    tensor = (SimpleNamespace(gid=1), SimpleNamespace(ranks=(0,)))
 
     def block(collectives: int) -> list:
         return [("c", None, 5, 1.0), *[("m", tensor, "tp", False)] * collectives, ("c", None, 5, 1.0)]
 
-    assert core._template(block(k.MAX_WAITS))[0] >= 0
-    assert core._template(block(k.MAX_WAITS + 1)) == (-1, True)
+    assert core._template(block(k.MAX_WAITS), 0)[0] >= 0
+    assert core._template(block(k.MAX_WAITS + 1), 0) == (-1, True)
 
 
 # the cases where a chunk's layers go as one block, or must not (something runs between them)
