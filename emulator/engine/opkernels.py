@@ -474,6 +474,16 @@ def _vec(buf, header, h):
     return buf[o : o + header[h + 1]]
 
 
+@njit(cache=True, inline="always")
+def _rank_arrays(ib, gb, fb):
+    """The arrays a per-rank entry point (launch_rest, start_block) passes on, out of the packed
+    buffers: one description of the unpacking for both (inlined: no call, no tuple at run time)."""
+    return (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
+            _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), _vec(ib, ib, H_QN),
+            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
+            _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
+
+
 @njit(cache=True)
 def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri):
     """begin_block for the block the program launched (``R_BEGIN``, written from Python: one kernel
@@ -488,24 +498,14 @@ def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap
 
 @njit(cache=True)
 def launch_rest(ib, gb, fb, tf, free, ri, now):
-    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
-                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
-                                    _vec(gb, gb, H_PLK))  # fmt: skip
-    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
-    gr = _rows(ib, H_GR, GR_FIELDS)
+    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
 
 
 @njit(cache=True)
 def start_block(ib, gb, fb, tf, free, ri, t):
-    rs, ops, of, ti, tp, pl, plk = (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF),
-                                    _rows(gb, H_TI, 3), _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS),
-                                    _vec(gb, gb, H_PLK))  # fmt: skip
-    qn, qm, tl, ovf, heap, g = (_vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                                _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G))  # fmt: skip
-    gr = _rows(ib, H_GR, GR_FIELDS)
+    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
