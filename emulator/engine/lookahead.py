@@ -36,6 +36,15 @@ compute stream's last op for later launches, give the shard's delay; a collectiv
 spanning shards, or a program that could launch at once, make it 0. Paths from arrivals only
 disappear as ops complete, so the figures recorded at launch stay lower bounds.
 
+A block of the compiled engine (emulator/engine/opcore.py) is one op on the compute stream, its
+*proxy*, for these sums: its ``a`` is the block's least duration along its compute and tensor
+streams, tensor collectives included (:func:`block_bound`, once per template), and its ``dl`` the
+least of that after its start and of the ways in through collectives of several arrivals. At the
+block's launch the Python rules' bound for the same ops is never tighter (tested): it sums compute
+durations only. It learns the collectives' time, and waits, as the block's ops start, which the
+proxy does not see; but a folded block's least duration is its exact duration when its ports are
+free, and an unfolded one differs by the waits for the group's other members.
+
 Waits on receives and on other streams only delay work, so leaving them out of the bounds keeps
 them lower bounds: looser, never wrong. The engine asserts the promise where it matters: a record
 stamped before what its destination already processed fails ``Shard.deliver``.
@@ -54,7 +63,8 @@ def end_bound(op, stream, now: float) -> float:
     if op.done:
         return op.t_end if op.t_end > now else now
     head = stream.ops[0]  # the oldest op not completed; ``op`` is it or behind it
-    # a compiled block's proxy (opcore.py) runs its compute ops one after the other from its start
+    # a compiled block's proxy (opcore.py) lasts at least its least duration (``a``,
+    # :func:`block_bound`) from its start, as a compute op its duration
     base = head.t_start if head.started and (head.kind == COMPUTE or head.kind == BLOCK) else now
     # every compute op from the head up to ``op`` still has to run, one after the other
     bound = base + op.cum - stream.done_ns
