@@ -168,6 +168,7 @@ class OpCore:
         self.n_ti = self.n_tp = 0
         self.template_of: dict[tuple, int] = {}  # a template's rows -> its index
         self.bounds: list[tuple] = []  # template -> its proxy's (least_ns, reset_ns) (lookahead.block_bound)
+        self.bound_of: dict[tuple, tuple] = {}  # block_bound's steps -> its figures
         self.pl = np.zeros((16, k.P_FIELDS), np.int64)
         self.plk = np.zeros(256, np.int64)
         self.n_pl = self.n_plk = 0
@@ -337,7 +338,11 @@ class OpCore:
         pl = self.pl  # the lookahead's figures, once per template (lookahead.block_bound)
         steps = [("c", v) if code == k.I_C else ("m", pl.item(v, k.P_DUR), pl.item(v, k.P_ARRIVALS), f)
                  if code == k.I_M else ("w",) for code, v, f, _ in rows if code in (k.I_C, k.I_M, k.I_W)]  # fmt: skip
-        self.bounds.append(block_bound(steps))
+        steps = tuple(steps)  # the nodes' templates differ in their plans, rarely in these
+        bound = self.bound_of.get(steps)
+        if bound is None:
+            bound = self.bound_of[steps] = block_bound(steps)
+        self.bounds.append(bound)
         self.tp = _grown(self.tp, b + 1)
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
