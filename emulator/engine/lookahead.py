@@ -36,6 +36,15 @@ compute stream's last op for later launches, give the shard's delay; a collectiv
 spanning shards, or a program that could launch at once, make it 0. Paths from arrivals only
 disappear as ops complete, so the figures recorded at launch stay lower bounds.
 
+A block of the compiled engine (emulator/engine/opcore.py) is one op on the compute stream, its
+*proxy*, for these sums: its ``a`` is the block's least duration along its compute and tensor
+streams, tensor collectives included (:func:`block_bound`, once per template), and its ``dl`` the
+least of that after its start and of the ways in through collectives of several arrivals. At the
+block's launch the Python rules' bound for the same ops is never tighter (tested): it sums compute
+durations only. It learns the collectives' time, and waits, as the block's ops start, which the
+proxy does not see; but a folded block's least duration is its exact duration when its ports are
+free, and an unfolded one differs by the waits for the group's other members.
+
 Waits on receives and on other streams only delay work, so leaving them out of the bounds keeps
 them lower bounds: looser, never wrong. The engine asserts the promise where it matters: a record
 stamped before what its destination already processed fails ``Shard.deliver``.
@@ -54,7 +63,8 @@ def end_bound(op, stream, now: float) -> float:
     if op.done:
         return op.t_end if op.t_end > now else now
     head = stream.ops[0]  # the oldest op not completed; ``op`` is it or behind it
-    # a compiled block's proxy (opcore.py) runs its compute ops one after the other from its start
+    # a compiled block's proxy (opcore.py) lasts at least its least duration (``a``,
+    # :func:`block_bound`) from its start, as a compute op its duration
     base = head.t_start if head.started and (head.kind == COMPUTE or head.kind == BLOCK) else now
     # every compute op from the head up to ``op`` still has to run, one after the other
     bound = base + op.cum - stream.done_ns
@@ -124,6 +134,78 @@ def least_duration(shard, op) -> int:
             least = int(sent // bandwidth) if bandwidth else 0
         cached = shard.least_durations[key] = (op.a, least)
     return cached[1]
+
+
+def block_bound(steps: list[tuple]) -> tuple[int, float]:
+    """``(least_ns, reset_ns)`` of a compiled block (opcore.py) for its proxy on the compute stream:
+    ``least_ns`` a lower bound on the time from the block's start to its end (its last compute op's
+    end), ``reset_ns`` on the time from an arrival to that end through one of its collectives of
+    several arrivals (INF: none). ``steps`` are the block's ops in launch order: ``("c", ns)`` a
+    compute op (its duration as launched), ``("m", ns, arrivals, overlapped)`` a closed-form tensor
+    collective, ``("w",)`` a wait for the overlapped one (tensor_parallel.launch_prepared).
+
+    Why these are lower bounds: launch_prepared gives the block's ops the dependencies of
+    emulator/engine/ops.py, and the walk below takes, for each op, the latest of its predecessors'
+    least ends: a compute op starts after the compute op before it and the collectives waited for
+    since, and runs its duration; a collective starts after the compute op launched before it and the
+    collective before it on the tensor stream (every op of the stream at the block's start belongs to
+    an earlier block, all of whose collectives its last compute op waited for), and ends no earlier
+    than its duration after its own start (closed form: its duration after the last member's start,
+    later ports only later, collective_run.py, opkernels._start). The block's first op starts when its
+    proxy starts. By induction over the ops, each op's true start and end, less the block's start,
+    are at least the walk's, so the block lasts at least ``least_ns``: ``Op.a`` of the proxy, summed
+    into its stream's ``launched_ns`` / ``done_ns`` and ``cum`` as a compute op's duration is
+    (:func:`end_bound`), and its ``dl`` is ``delay + least_ns`` (Shard.launch), ``delay`` bounding
+    the block's start after an arrival.
+
+    A collective of several arrivals can also end ``ns`` after a message's arrival that started
+    another member (Shard.launch's rule for COLL ops: its ``dl`` starts again from ``ns``), so its
+    end is a second way in: ``reset_ns`` walks from it alone (everything not after it at minus
+    infinity) to the block's end, the least over those collectives, and the proxy's ``dl`` is the
+    lesser of the two. A folded collective (one arrival) has no way in but its block's.
+
+    This is at least the Python rules' bound for the same ops, which add each op's duration to the
+    *least* over its predecessors (so a compute op after a collective adds to the compute op before
+    it, and the collective counts for nothing); here the latest counts, because every predecessor
+    must end first: for a folded block ``least_ns`` is its exact duration when its ports are free.
+    """
+    least = _walk(steps, None)
+    reset = INF
+    for i, step in enumerate(steps):
+        if step[0] == "m" and step[2] > 1:
+            after = _walk(steps, i)
+            if after < reset:
+                reset = after
+    return least, reset
+
+
+def _walk(steps: list[tuple], entry: int | None) -> float:
+    """The least end of the block's last compute op after its start (``entry`` None: an int), or
+    after an arrival that ends collective ``steps[entry]`` its duration later (INF: no way from
+    it to the end), the latest over each op's predecessors."""
+    low = 0 if entry is None else -INF
+    compute = tp = low  # the least end of the compute stream's last op, of the tensor stream's
+    waited = low  # of what the next compute op waits for
+    pending = -INF  # of the overlapped collective the next ``"w"`` waits for
+    for i, step in enumerate(steps):
+        kind = step[0]
+        if kind == "c":
+            compute = (compute if compute > waited else waited) + step[1]
+            waited = -INF
+        elif kind == "m":
+            end = (compute if compute > tp else tp) + step[1]
+            if i == entry:
+                end = step[1]
+            tp = end
+            if step[3]:
+                pending = end
+            elif end > waited:
+                waited = end
+        elif kind == "w":
+            if pending > waited:
+                waited = pending
+            pending = -INF
+    return compute if compute != -INF else INF
 
 
 def output_bound(shard) -> tuple[list[float], float]:

@@ -26,8 +26,8 @@ node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__),
 run the tensor collectives with analytic algorithms (Shard._closed_tensor_ops); an untraced rank;
 blocks that start and end with compute, whose collectives are the tensor group's in closed form with
 one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
-carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
-bounds without the block's ops.
+carries its block's least duration along its two streams (lookahead.block_bound, once per template),
+so the lookahead's bounds (lookahead.py) stay lower bounds, as tight as the block's ops would give.
 
 Calls are cheap where they can be: the kernels take five packed buffers (opkernels.H_*) rather than
 fifteen arrays, a block begins in its rank's next kernel call (``R_BEGIN``), and the Python rules
@@ -40,6 +40,7 @@ import numpy as np
 
 from emulator.engine import opkernels as k
 from emulator.engine.events import INF
+from emulator.engine.lookahead import block_bound
 from emulator.engine.ops import BLOCK, COMPUTE, Op
 from emulator.engine.vgpu import VirtualGPU
 
@@ -166,7 +167,8 @@ class OpCore:
         self.tp = np.zeros((16, 2), np.int64)
         self.n_ti = self.n_tp = 0
         self.template_of: dict[tuple, int] = {}  # a template's rows -> its index
-        self.compute_ns: list[int] = []  # template -> its compute ops' summed durations
+        self.bounds: list[tuple] = []  # template -> its proxy's (least_ns, reset_ns) (lookahead.block_bound)
+        self.bound_of: dict[tuple, tuple] = {}  # block_bound's steps -> its figures
         self.pl = np.zeros((16, k.P_FIELDS), np.int64)
         self.plk = np.zeros(256, np.int64)
         self.n_pl = self.n_plk = 0
@@ -333,7 +335,14 @@ class OpCore:
             self.tf[start + i] = flops
         self.n_ti += len(rows)
         b = self.n_tp
-        self.compute_ns.append(sum(value for code, value, _, _ in rows if code == k.I_C))
+        pl = self.pl  # the lookahead's figures, once per template (lookahead.block_bound)
+        steps = [("c", v) if code == k.I_C else ("m", pl.item(v, k.P_DUR), pl.item(v, k.P_ARRIVALS), f)
+                 if code == k.I_M else ("w",) for code, v, f, _ in rows if code in (k.I_C, k.I_M, k.I_W)]  # fmt: skip
+        steps = tuple(steps)  # the nodes' templates differ in their plans, rarely in these
+        bound = self.bound_of.get(steps)
+        if bound is None:
+            bound = self.bound_of[steps] = block_bound(steps)
+        self.bounds.append(bound)
         self.tp = _grown(self.tp, b + 1)
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
@@ -362,17 +371,20 @@ class OpCore:
         known = self.blocks.get(key)
         if known is None or known[0] is not block:
             b, extra = self._template(block, rank)
-            # the proxy's ``a``, ``b`` and ``c``: the block's compute durations as launched (the
-            # lookahead's stream sums), the FLOPs of its last compute op, whose figures it takes when
-            # it completes, and that op's nominal duration on a slow GPU (Shard._complete: the
-            # time the fault cost; the kernels count the block's other ops, R_LOST)
+            # the proxy's ``a``, ``b``, ``c`` and ``d``: the block's least duration (its ops'
+            # durations as launched along its streams, lookahead.block_bound: the lookahead's stream
+            # sums), the FLOPs of its last compute op, whose figures it takes when it completes, that
+            # op's nominal duration on a slow GPU (Shard._complete: the time the fault cost; the
+            # kernels count the block's other ops, R_LOST), and the least time from an arrival to
+            # its end through a collective of several arrivals (Shard.launch: its ``dl``)
             figures = None
             if b >= 0:
                 last = self.tp.item(b, 0) + self.tp.item(b, 1) - 1
                 nominal = None
                 if faults is not None and rank in faults.ranks:
                     nominal = self.ti.item(last, 1) - self.ti.item(last, 2)
-                figures = (self.compute_ns[b], self.tf.item(last), nominal)
+                least, reset = self.bounds[b]
+                figures = (least, self.tf.item(last), nominal, reset)
             known = self.blocks[key] = (block, b, extra, figures)
         _, b, extra, figures = known
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor

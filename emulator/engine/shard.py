@@ -297,7 +297,7 @@ class Shard(CollectiveExecution):
                         dep.dependents.append(op)
         op.deps_left = left
         kind = op.kind
-        if kind == COMPUTE or kind == BLOCK:  # a block's proxy: ``a`` is its compute ops' durations
+        if kind == COMPUTE or kind == BLOCK:  # a block's proxy: ``a`` is its least duration
             faults = self.compute_faults
             # (a proxy's durations are already as launched: opcore.OpCore._template)
             if faults is not None and kind == COMPUTE and gpu.rank in faults.ranks:
@@ -305,6 +305,8 @@ class Shard(CollectiveExecution):
                 op.a = faults.launch_ns(gpu.rank, op.a)
             stream.launched_ns += op.a
             op.dl = delay + op.a
+            if kind == BLOCK and op.d < op.dl:  # an arrival through a collective of several arrivals
+                op.dl = op.d  # (lookahead.block_bound)
         elif kind == COLL:
             # message-level: it can complete as soon as a message arrives; closed form (intra-node):
             # it lasts its duration after the last member's start (this one's, when it stands alone)
