@@ -81,6 +81,17 @@ def _view(a):
     return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
 
 
+@njit(cache=True, inline="always")
+def _views(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+           tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb):  # fmt: skip
+    """The entry kernels' arguments as views (the order of NetCore.args): one description for both
+    entry points (inlined: no call, and the views carry no counts to update)."""
+    return (_view(st), _view(heap), _view(msg), _view(mfree), _view(htk), _view(htv), _view(hts), _view(runs),
+            _view(chans), _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw), _view(lbw), _view(lfree),
+            _view(lwp), _view(lwns), _view(lwf), _view(lstat), _view(tstat), _view(khist), _view(tl), _view(pend),
+            _view(rank_shard), _view(cseqs), _view(mseq), _view(outb))  # fmt: skip
+
+
 # -- heap ---------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def _less(a0, a1, a2, a3, a4, heap, r) -> bool:
@@ -568,17 +579,19 @@ def _set_top(st, heap):
     st[TOP_SEQ] = heap[0, 4]
 
 
-@njit(cache=True)
+# nogil: a long call (a flat ring over thousands of GPUs runs for minutes in one) would otherwise hold
+# the interpreter lock throughout, and netcore.prepare_kernels' thread, compiling the other kernels
+# after a first run, could not progress beside it (the progress line said "compiling kernels" to the
+# end). The kernels touch no Python object; the shard's thread is the only one that calls them.
+@njit(cache=True, nogil=True)
 def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
                lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, l0, l1, l2, l3, l4, horizon):  # fmt: skip
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
     Python heap's top); stop after an event that needs Python (STATUS) or when an array is full."""
-    st, heap, msg, mfree = _view(st), _view(heap), _view(msg), _view(mfree)
-    htk, htv, hts, runs, chans = _view(htk), _view(htv), _view(hts), _view(runs), _view(chans)
-    segs, xf, cnt, rt, rbw = _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw)
-    lbw, lfree, lwp, lwns, lwf, lstat = _view(lbw), _view(lfree), _view(lwp), _view(lwns), _view(lwf), _view(lstat)
-    tstat, khist, tl, pend, rank_shard = _view(tstat), _view(khist), _view(tl), _view(pend), _view(rank_shard)
-    cseqs, mseq, outb = _view(cseqs), _view(mseq), _view(outb)
+    (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb) = _views(
+        st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb)  # fmt: skip
     st[STATUS] = OK
     while st[HEAP_N] > 0:
         if heap[0, 0] >= horizon or not _top_before(heap, l0, l1, l2, l3, l4):
@@ -600,16 +613,14 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
     _set_top(st, heap)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, run, t):  # fmt: skip
     """A member starts a collective at ``t``: the first step of each of its channels, in order."""
-    st, heap, msg, mfree = _view(st), _view(heap), _view(msg), _view(mfree)
-    htk, htv, hts, runs, chans = _view(htk), _view(htv), _view(hts), _view(runs), _view(chans)
-    segs, xf, cnt, rt, rbw = _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw)
-    lbw, lfree, lwp, lwns, lwf, lstat = _view(lbw), _view(lfree), _view(lwp), _view(lwns), _view(lwf), _view(lstat)
-    tstat, khist, tl, pend, rank_shard = _view(tstat), _view(khist), _view(tl), _view(pend), _view(rank_shard)
-    cseqs, mseq, outb = _view(cseqs), _view(mseq), _view(outb)
+    (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb) = _views(
+        st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb)  # fmt: skip
     st[STATUS] = OK
     st[ACTIVE] += 1
     lo = runs[run, R_CLO]
@@ -621,7 +632,7 @@ def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, r
     _set_top(st, heap)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def deliver_records(st, heap, msg, mfree, recs, rids):
     """Cross-shard messages (rows of the outbox layout) into the heap."""
     for i in range(recs.shape[0]):
