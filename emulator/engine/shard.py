@@ -35,7 +35,7 @@ from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
-from emulator.engine.opkernels import ST_BLOCK_DONE, ST_RESUME
+from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
@@ -416,6 +416,8 @@ class Shard(CollectiveExecution):
                 left = self.cross_runs.pop(gpu.rank) - 1
                 if left:
                     self.cross_runs[gpu.rank] = left
+        elif op.kind == BLOCK:  # a compiled block that ended with an alloc or free (opcore.py)
+            stream.done_ns += op.a
         if gpu.trace is not None:
             gpu.trace.append((stream.name, op.describe(), op.kind, op.t_start, t))
         dependents = op.dependents
@@ -645,6 +647,8 @@ class Shard(CollectiveExecution):
             gpu, t = ops.resumed()
             self.now = t
             self._maybe_resume(gpu)
+        elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
+            ops.stopped(status)
 
     def _failed(self, rank: int, t: int) -> bool:
         """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""
