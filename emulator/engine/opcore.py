@@ -2,15 +2,32 @@
 in numba (emulator/engine/opkernels.py), many events per call.
 
 A block is what tensor_parallel.launch_prepared launches for a layer, or for a chunk's layers back
-to back (training.run_layers, tensor_parallel.repeat_prepared): fused compute segments on the
-``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
-is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
-of one arrival (collective_run.py), so a block's events - compute completions and closed-form
-completions, 82% of the reference run's - touch only the rank's two streams, its node's ports and
-the statistics. The shard keeps one Python op per block on its ``compute`` stream, the block's
-*proxy*: the block's first op waits for what the proxy waits for, and the proxy completes with the
-block's last compute op (every tensor collective of an eligible block is waited for before it), so
-the other streams, the program and the Python rules see the block as they see its ops.
+to back (training.run_layers / join_layers, tensor_parallel.repeat_prepared): fused compute
+segments on the ``compute`` stream and the tensor group's collectives between them on ``tp``, and
+the allocs and frees the program launches between them on ``compute`` (a microbatch's
+activations before its forward layers; each rebuilt layer's around its backward, the activations'
+free after them). When the tensor group is folded into one virtual GPU (emulator/engine/folding.py)
+those collectives are closed-form calls of one arrival (collective_run.py), so a block's events -
+compute completions and closed-form completions, 82% of the reference run's - touch only the
+rank's two streams, its node's ports and the statistics. The shard keeps one Python op per block
+on its ``compute`` stream, the block's *proxy*: the block's first op waits for what the proxy
+waits for, and the proxy completes with the block's last op (every tensor collective of an
+eligible block is waited for before it), so the other streams, the program and the Python rules
+see the block as they see its ops.
+
+Allocs and frees are instant ops (Shard._instant): the kernels run them where the compute stream's
+loop (Shard._try_start) reaches them - memory in use and its peak (shared counters,
+CompiledGPU.mem_used / mem_peak), the capacity check, the counters - and the loop goes on with the
+next op at the same time. Where the Python rules would act half way through that loop the kernels
+stop and OpCore.instant_stop goes on: a suspended program that an instant op's completion lets run
+again (Shard._complete's check after it: ST_IRESUME, then ``cont`` goes on with the loop), a block
+whose last op is a free (ST_IBLOCK: the proxy completes as that free would, as a BLOCK, and the
+shard's compute stream goes on), an alloc past the capacity (ST_OOM: the same OutOfMemoryError,
+Shard._oom_message). The rank's set of live allocations, which only that message reads, takes a
+block's allocs and frees when it ends (or up to the failing alloc); nothing of the rank's can
+allocate in between (the proxy holds the compute stream). An alloc or free is taken only where it
+owes no wait (a collective waited for, a ``"w"``, since the last compute op): the Python rules
+would give it that dependency.
 
 The kernels apply Shard.launch / _try_start / _complete to the block's ops with the same event keys
 ``(t, EV_OP_DONE, rank, rank, seq)`` from the rank's one ``seq`` counter; the shard merges their heap
@@ -24,10 +41,10 @@ Where it applies (else the Python path runs, with the same results): the built-i
 faults, context parallelism or experts, with folded tensor groups (folding.py: tensor = GPUs per
 node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__), whose node groups
 run the tensor collectives with analytic algorithms (Shard._closed_tensor_ops); an untraced rank;
-blocks that start and end with compute, whose collectives are the tensor group's in closed form with
-one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
-carries its block's summed compute durations, so the lookahead's bounds (lookahead.py) stay lower
-bounds without the block's ops.
+blocks that start and end with compute, an alloc or a free and run some compute, whose collectives
+are the tensor group's in closed form with one arrival, each waited for inside the block. Any
+number of shards, in-process or on Ray: a proxy carries its block's summed compute durations, so
+the lookahead's bounds (lookahead.py) stay lower bounds without the block's ops.
 
 Calls are cheap where they can be: the kernels take five packed buffers (opkernels.H_*) rather than
 fifteen arrays, a block begins in its rank's next kernel call (``R_BEGIN``), and the Python rules
