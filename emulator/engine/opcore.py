@@ -319,8 +319,9 @@ class OpCore:
         owed = False
         for pos, (kind, a, b, c) in enumerate(block):
             if kind == "a" or kind == "f":
-                # (a size the GPU API would refuse: the Python path raises its error)
-                if owed or type(b) is not int or b < 0:
+                # (a size the GPU API would refuse: the Python path raises its error; one past 2^50
+                # bytes, 1 PiB: the kernels' int64 sums stay far from their bound)
+                if owed or type(b) is not int or not 0 <= b < 1 << 50:
                     eligible = False
                 rows.append((k.I_A if kind == "a" else k.I_F, b, pos, 0.0))
                 continue
