@@ -23,7 +23,7 @@ stop and OpCore.instant_stop goes on: a suspended program that an instant op's c
 again (Shard._complete's check after it: ST_IRESUME, then ``cont`` goes on with the loop), a block
 whose last op is a free (ST_IBLOCK: the proxy completes as that free would, as a BLOCK, and the
 shard's compute stream goes on), an alloc past the capacity (ST_OOM: the same OutOfMemoryError,
-Shard._oom_message). The rank's set of live allocations, which only that message reads, takes a
+vgpu.oom_message). The rank's set of live allocations, which only that message reads, takes a
 block's allocs and frees when it ends (or up to the failing alloc); nothing of the rank's can
 allocate in between (the proxy holds the compute stream). An alloc or free is taken only where it
 owes no wait (a collective waited for, a ``"w"``, since the last compute op): the Python rules
@@ -58,7 +58,7 @@ import numpy as np
 from emulator.engine import opkernels as k
 from emulator.engine.events import INF
 from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
-from emulator.engine.vgpu import VirtualGPU
+from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import OutOfMemoryError
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
@@ -530,13 +530,11 @@ class OpCore:
 
     def _out_of_memory(self, gpu: VirtualGPU, t: int) -> None:
         """Shard._instant's error for the alloc the kernels stopped at (G_RET_OP)."""
-        from emulator.engine.shard import _oom_message
-
         pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
         proxy = self.proxies[gpu._ri]
         block = next(obj for p, _, obj in self.block_memory[id(proxy)] if p == pos)
         self._apply_memory(gpu, proxy, pos)
-        raise OutOfMemoryError(_oom_message(gpu, block, t))
+        raise OutOfMemoryError(oom_message(gpu, block, t))
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
