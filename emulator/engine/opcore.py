@@ -2,15 +2,32 @@
 in numba (emulator/engine/opkernels.py), many events per call.
 
 A block is what tensor_parallel.launch_prepared launches for a layer, or for a chunk's layers back
-to back (training.run_layers, tensor_parallel.repeat_prepared): fused compute segments on the
-``compute`` stream and the tensor group's collectives between them on ``tp``. When the tensor group
-is folded into one virtual GPU (emulator/engine/folding.py) those collectives are closed-form calls
-of one arrival (collective_run.py), so a block's events - compute completions and closed-form
-completions, 82% of the reference run's - touch only the rank's two streams, its node's ports and
-the statistics. The shard keeps one Python op per block on its ``compute`` stream, the block's
-*proxy*: the block's first op waits for what the proxy waits for, and the proxy completes with the
-block's last compute op (every tensor collective of an eligible block is waited for before it), so
-the other streams, the program and the Python rules see the block as they see its ops.
+to back (training.run_layers / join_layers, tensor_parallel.repeat_prepared): fused compute
+segments on the ``compute`` stream and the tensor group's collectives between them on ``tp``, and
+the allocs and frees the program launches between them on ``compute`` (a microbatch's
+activations before its forward layers; each rebuilt layer's around its backward, the activations'
+free after them). When the tensor group is folded into one virtual GPU (emulator/engine/folding.py)
+those collectives are closed-form calls of one arrival (collective_run.py), so a block's events -
+compute completions and closed-form completions, 82% of the reference run's - touch only the
+rank's two streams, its node's ports and the statistics. The shard keeps one Python op per block
+on its ``compute`` stream, the block's *proxy*: the block's first op waits for what the proxy
+waits for, and the proxy completes with the block's last op (every tensor collective of an
+eligible block is waited for before it), so the other streams, the program and the Python rules
+see the block as they see its ops.
+
+Allocs and frees are instant ops (Shard._instant): the kernels run them where the compute stream's
+loop (Shard._try_start) reaches them - memory in use and its peak (shared counters,
+CompiledGPU.mem_used / mem_peak), the capacity check, the counters - and the loop goes on with the
+next op at the same time. Where the Python rules would act half way through that loop the kernels
+stop and OpCore.instant_stop goes on: a suspended program that an instant op's completion lets run
+again (Shard._complete's check after it: ST_IRESUME, then ``cont`` goes on with the loop), a block
+whose last op is a free (ST_IBLOCK: the proxy completes as that free would, as a BLOCK, and the
+shard's compute stream goes on), an alloc past the capacity (ST_OOM: the same OutOfMemoryError,
+vgpu.oom_message). The rank's set of live allocations, which only that message reads, takes a
+block's allocs and frees when it ends (or up to the failing alloc); nothing of the rank's can
+allocate in between (the proxy holds the compute stream). An alloc or free is taken only where it
+owes no wait (a collective waited for, a ``"w"``, since the last compute op): the Python rules
+would give it that dependency.
 
 The kernels apply Shard.launch / _try_start / _complete to the block's ops with the same event keys
 ``(t, EV_OP_DONE, rank, rank, seq)`` from the rank's one ``seq`` counter; the shard merges their heap
@@ -24,10 +41,11 @@ Where it applies (else the Python path runs, with the same results): the built-i
 faults, context parallelism or experts, with folded tensor groups (folding.py: tensor = GPUs per
 node; unfolded or with tensor 1 the kernels would save nothing, Shard.__init__), whose node groups
 run the tensor collectives with analytic algorithms (Shard._closed_tensor_ops); an untraced rank;
-blocks that start and end with compute, whose collectives are the tensor group's in closed form with
-one arrival, each waited for inside the block. Any number of shards, in-process or on Ray: a proxy
-carries its block's least duration along its two streams (lookahead.block_bound, once per template),
-so the lookahead's bounds (lookahead.py) stay lower bounds, as tight as the block's ops would give.
+blocks that start and end with compute, an alloc or a free and run some compute, whose collectives
+are the tensor group's in closed form with one arrival, each waited for inside the block. Any
+number of shards, in-process or on Ray: a proxy carries its block's least duration along its two
+streams (lookahead.block_bound, once per template; allocs and frees take no time), so the
+lookahead's bounds (lookahead.py) stay lower bounds, as tight as the block's ops would give.
 
 Calls are cheap where they can be: the kernels take five packed buffers (opkernels.H_*) rather than
 fifteen arrays, a block begins in its rank's next kernel call (``R_BEGIN``), and the Python rules
@@ -41,8 +59,9 @@ import numpy as np
 from emulator.engine import opkernels as k
 from emulator.engine.events import INF
 from emulator.engine.lookahead import block_bound
-from emulator.engine.ops import BLOCK, COMPUTE, Op
-from emulator.engine.vgpu import VirtualGPU
+from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
+from emulator.engine.vgpu import VirtualGPU, oom_message
+from emulator.errors import OutOfMemoryError
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -51,6 +70,7 @@ _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", 
 class CompiledGPU(VirtualGPU):
     """A virtual GPU whose shared counters live in the compiled engine's arrays (read and written by
     both the Python rules and the kernels): ``seq`` (one event-key counter), ``outstanding``,
+    ``mem_used`` and ``mem_peak``,
     ``flops_done`` (a float sum: one accumulator keeps the order of its additions); ``suspended``
     and ``sync_op`` are mirrored there for the kernels to read. The order-free totals ``ops_done``,
     ``compute_ns``, ``comm_ns`` (sums) and ``last_time`` (a maximum) are VirtualGPU's plain fields
@@ -68,6 +88,7 @@ class CompiledGPU(VirtualGPU):
         self._sync = None
         self._susp = False
         super().__init__(rank, node, spec, capacity_bytes)
+        self._mv[k.R_CAP] = capacity_bytes
 
     def _shared(field):  # noqa: N805 - builds the properties below
         def get(self):
@@ -80,6 +101,9 @@ class CompiledGPU(VirtualGPU):
 
     seq = _shared(k.R_SEQ)
     outstanding = _shared(k.R_OUT)
+    # memory: blocks allocate and free in the kernels (their I_A / I_F rows), other ops in Python
+    mem_used = _shared(k.R_MEM)
+    mem_peak = _shared(k.R_PEAK)
     del _shared
 
     @property
@@ -187,6 +211,8 @@ class OpCore:
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
+        # id(proxy) -> its block's allocs and frees, (row, alloc?, Allocation), until the block ends
+        self.block_memory: dict[int, list] = {}
         self.top = INF
         self._pack()
 
@@ -287,12 +313,24 @@ class OpCore:
         faults = self.faults
         slow = faults is not None and rank in faults.ranks
         rows, tp_calls, gid = [], 0, 0
-        eligible = bool(block) and block[0][0] == "c" and block[-1][0] == "c"
+        # a block starts and ends on the compute stream (its proxy's), and runs some compute
+        eligible = bool(block) and block[0][0] in "caf" and block[-1][0] in "caf" and any(r[0] == "c" for r in block)
         pending = False
         waits = 0  # collectives the next compute op waits for: launch_rest keeps at most MAX_WAITS
-        for kind, a, b, c in block:
+        # a wait the compute stream's next op owes (a collective waited for at once, a "w"): an alloc
+        # or free there would take it (Shard.launch's pending waits); the kernels give them none
+        owed = False
+        for pos, (kind, a, b, c) in enumerate(block):
+            if kind == "a" or kind == "f":
+                # (a size the GPU API would refuse: the Python path raises its error; one past 2^50
+                # bytes, 1 PiB: the kernels' int64 sums stay far from their bound)
+                if owed or type(b) is not int or not 0 <= b < 1 << 50:
+                    eligible = False
+                rows.append((k.I_A if kind == "a" else k.I_F, b, pos, 0.0))
+                continue
             if kind == "c":
                 waits = 0
+                owed = False
                 if slow:  # Shard.launch's duration as launched, and what it costs (no jitter here)
                     ns = faults.launch_ns(rank, b)
                     rows.append((k.I_C, ns, ns - b, c))
@@ -313,9 +351,11 @@ class OpCore:
                 if plan < 0 or (c and pending):
                     eligible = False
                 pending = pending or bool(c)
+                owed = owed or not c
                 rows.append((k.I_M, plan, 1 if c else 0, 0.0))
             else:
                 pending = False
+                owed = True
                 rows.append((k.I_W, 0, 0, 0.0))
         if pending:
             eligible = False
@@ -361,9 +401,10 @@ class OpCore:
         return known
 
     # -- launching (from the program) ---------------------------------------------------------
-    def launch(self, gpu: VirtualGPU, block: list) -> bool:
+    def launch(self, gpu: VirtualGPU, block: list, memory: list | None = None) -> bool:
         """Launch a prepared block (tensor_parallel.prepare_segments) as launch_prepared would;
-        False when it is not eligible (the caller launches it op by op)."""
+        False when it is not eligible (the caller launches it op by op). ``memory``: its alloc and
+        free rows' allocations by slot, as tensor_parallel.launch_prepared takes them."""
         rank = gpu.rank
         faults = self.faults
         # a slow GPU's blocks have their own templates (their durations as launched)
@@ -376,17 +417,25 @@ class OpCore:
             # sums), the FLOPs of its last compute op, whose figures it takes when it completes, that
             # op's nominal duration on a slow GPU (Shard._complete: the time the fault cost; the
             # kernels count the block's other ops, R_LOST), and the least time from an arrival to
-            # its end through a collective of several arrivals (Shard.launch: its ``dl``)
-            figures = None
+            # its end through a collective of several arrivals (Shard.launch: its ``dl``); a block
+            # that ends with an alloc or free: its proxy stays a BLOCK (Shard._complete), the
+            # kernels count every compute op
+            figures = mem_rows = None
             if b >= 0:
                 last = self.tp.item(b, 0) + self.tp.item(b, 1) - 1
-                nominal = None
-                if faults is not None and rank in faults.ranks:
-                    nominal = self.ti.item(last, 1) - self.ti.item(last, 2)
                 least, reset = self.bounds[b]
-                figures = (least, self.tf.item(last), nominal, reset)
-            known = self.blocks[key] = (block, b, extra, figures)
-        _, b, extra, figures = known
+                if self.ti.item(last, 0) != k.I_C:
+                    figures = (least, None, None, reset)
+                else:
+                    nominal = None
+                    if faults is not None and rank in faults.ranks:
+                        nominal = self.ti.item(last, 1) - self.ti.item(last, 2)
+                    figures = (least, self.tf.item(last), nominal, reset)
+                # (row, slot, alloc or free, bytes, name) of its memory rows
+                mem_rows = tuple((pos, row[1], row[0] == "a", row[2], row[3]) for pos, row in enumerate(block)
+                                 if row[0] == "a" or row[0] == "f") or None  # fmt: skip
+            known = self.blocks[key] = (block, b, extra, figures, mem_rows)
+        _, b, extra, figures, mem_rows = known
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
         # module docstring, makes them all eligible or none)
@@ -406,14 +455,33 @@ class OpCore:
         gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
+        if mem_rows is not None:
+            # the Allocations as GPU.alloc / GPU.free make them at launch; the rank's set of live
+            # ones takes them when the block ends (_apply_memory: nothing reads it before)
+            objs = []
+            for pos, slot, alloc, size, name in mem_rows:
+                if alloc:
+                    obj = memory[slot] = Allocation(memory[slot] if name is None else name, size)
+                else:
+                    obj = memory[slot]
+                    assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
+                    obj.freed = True
+                objs.append((pos, alloc, obj))
+            self.block_memory[id(proxy)] = objs
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
         while True:
             k.launch_rest(*self.args, ri, shard.now)
             self._after()
-            if self.gm[k.G_STATUS] == k.ST_SUSPEND:
+            status = self.gm[k.G_STATUS]
+            if status == k.ST_SUSPEND:
                 shard._suspend(gpu)
                 continue
+            if status != k.ST_LAUNCHED:
+                # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
+                self.instant_stop(gpu, status, shard.now)
+                if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+                    shard._suspend(gpu)  # Shard.launch's check after that row
             return True
 
     # -- events ---------------------------------------------------------------------------------
@@ -422,6 +490,64 @@ class OpCore:
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
         self._after()
+        status = self.gm[k.G_STATUS]
+        if status != k.ST_LIMIT:
+            self.instant_stop(gpu, status, t)
+
+    def instant_stop(self, gpu: VirtualGPU, status: int, t: int) -> None:
+        """Go on where an alloc or free stopped the kernels in the compute stream's loop
+        (Shard._try_start's, at ``t``) until that loop ends: the program resumes
+        (Shard._complete's check after the instant op) and the loop goes on (ST_IRESUME); the
+        block's last op was that alloc or free (ST_IBLOCK): its proxy completes as the op would
+        (start_next=False) and the shard's compute stream goes on; or the alloc ran out of memory."""
+        shard = self.shard
+        while status == k.ST_IRESUME:
+            shard._maybe_resume(gpu)
+            k.cont(*self.args, gpu._ri, t)
+            self._after()
+            status = self.gm[k.G_STATUS]
+        if status == k.ST_IBLOCK:
+            proxy = self.proxies[gpu._ri]
+            self._apply_memory(gpu, proxy)
+            shard._complete(gpu, proxy, t, start_next=False)
+            if proxy.stream.ops:
+                shard._try_start(gpu, proxy.stream)
+        elif status == k.ST_OOM:
+            self._out_of_memory(gpu, t)
+        else:
+            assert status == k.ST_LIMIT, status
+
+    def stopped(self, status: int) -> None:
+        """A run() call stopped at an instant op (instant_stop) in the compute stream's loop that a
+        compute op's completion began: after the loop, that completion's check (Shard._complete)."""
+        gpu, t = self.resumed()
+        shard = self.shard
+        shard.now = t
+        self.instant_stop(gpu, status, t)
+        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
+    def _apply_memory(self, gpu: VirtualGPU, proxy: Op, upto: int | None = None) -> None:
+        """The block's allocs and frees (its rows up to ``upto``) on the rank's set of live
+        allocations, in their order (Shard._instant; the kernels counted the bytes)."""
+        objs = self.block_memory.pop(id(proxy), None)
+        if objs:
+            live = gpu.allocations
+            for pos, alloc, obj in objs:
+                if upto is not None and pos > upto:
+                    break
+                if alloc:
+                    live.add(obj)
+                else:
+                    live.discard(obj)
+
+    def _out_of_memory(self, gpu: VirtualGPU, t: int) -> None:
+        """Shard._instant's error for the alloc the kernels stopped at (G_RET_OP)."""
+        pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
+        proxy = self.proxies[gpu._ri]
+        block = next(obj for p, _, obj in self.block_memory[id(proxy)] if p == pos)
+        self._apply_memory(gpu, proxy, pos)
+        raise OutOfMemoryError(oom_message(gpu, block, t))
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
@@ -438,6 +564,8 @@ class OpCore:
         g = self.gm
         ri = g[k.G_RET_RI]
         proxy = self.proxies[ri]
+        if self.block_memory:
+            self._apply_memory(self.shard.gpus[self.ranks[ri]], proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[k.G_RET_TSTART]
         return self.shard.gpus[self.ranks[ri]], proxy, g[k.G_RET_T]
@@ -514,4 +642,5 @@ def warm_up() -> None:
     core.rs[0, k.R_BEGIN] = 0
     k.launch_rest(*core.args, 0, 0)
     k.start_block(*core.args, 0, 0)
+    k.cont(*core.args, 0, 0)
     k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

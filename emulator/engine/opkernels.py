@@ -14,7 +14,9 @@ State (all int64 unless said): ``rs[rank index, R_*]`` per rank, ``ops[op, O_*]`
 status. Templates: ``ti[i] = (code, value, flag)`` with ``tf[i]`` the FLOPs, block ``b`` is rows
 ``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration as launched, flag its charged
 minus nominal ns on a slow GPU), ``I_M`` (collective: plan, flag 1 when overlapped), ``I_W`` (wait
-for the overlapped one). Plans ``pl[p, P_*]`` with their ports ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``;
+for the overlapped one), ``I_A`` / ``I_F`` (alloc / free of ``value`` bytes, flag the row's place
+in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with their ports
+``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``;
 ``gr`` the open call of each tensor group whose members arrive one by one (GR_*).
 """
 
@@ -30,14 +32,16 @@ R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
 R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
 R_LOST = R_BEGIN + 1  # charged minus nominal compute of the block ops done (a slow GPU: Shard.compute_lost_ns)
-R_FIELDS = R_LOST + 1
+# memory (shared with the Python rules, CompiledGPU.mem_used / mem_peak): bytes in use, the peak, the capacity
+R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
+R_FIELDS = R_CAP + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 MAX_DEPS = 8
 O_FIELDS = O_DEP0 + MAX_DEPS
-K_C, K_M = 0, 1
+K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last two instant: Shard._instant)
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
-I_C, I_M, I_W = 0, 1, 2
+I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
 # plans
 P_DUR, P_MSGB, P_MSGS, P_MEMBERS, P_LPTR, P_LLEN, P_CALLS, P_MAXWAIT, P_CNS, P_CCOUNT, P_ARRIVALS, P_GROUP, P_SIG = (
     range(13))  # fmt: skip
@@ -55,6 +59,11 @@ G_FIELDS = 12
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
 # statuses
 ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
+# where an instant op (alloc, free) stopped the compute stream's loop (Shard._try_start's ``while``)
+# half way, Python's turn before the loop goes on (OpCore.instant_stop): the program resumes
+# (ST_IRESUME: then ``cont`` goes on with the loop), the block's last op was instant (ST_IBLOCK: the
+# proxy completes, the shard's compute stream goes on), or an alloc passed the capacity (ST_OOM)
+ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -245,19 +254,73 @@ def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
 
 @njit(cache=True)
 def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
-    """Shard._try_start on the rank's compute stream (its block ops)."""
-    op = rs[ri, R_CHEAD]
-    if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
-        return  # empty, running, or a block's first op whose proxy has not started (Python's)
-    if ops[op, O_DEPS]:
-        if rs[ri, R_CBLK] < 0:
-            rs[ri, R_CBLK] = t
-        return
-    if rs[ri, R_CBLK] >= 0:
-        rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
-        rs[ri, R_WCT_HIT] = 1
-        rs[ri, R_CBLK] = -1
-    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+    """Shard._try_start on the rank's compute stream (its block ops): a compute op starts, instant
+    ops (alloc, free) run and complete at ``t`` and the loop goes on with the next; returns ST_LIMIT,
+    or an instant op's ST_IRESUME, ST_IBLOCK or ST_OOM (Python's turn: OpCore.instant_stop)."""
+    while True:
+        op = rs[ri, R_CHEAD]
+        if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
+            return ST_LIMIT  # empty, running, or a block's first op whose proxy has not started (Python's)
+        if ops[op, O_DEPS]:
+            if rs[ri, R_CBLK] < 0:
+                rs[ri, R_CBLK] = t
+            return ST_LIMIT
+        if rs[ri, R_CBLK] >= 0:
+            rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
+            rs[ri, R_WCT_HIT] = 1
+            rs[ri, R_CBLK] = -1
+        if ops[op, O_KIND] == K_C:
+            _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+            return ST_LIMIT
+        status = _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+        if status != ST_LIMIT:
+            return status
+
+
+@njit(cache=True)
+def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
+    """Shard._instant then Shard._complete(start_next=False) for an alloc or free at the head of
+    the compute stream; ST_LIMIT when the stream's loop goes on."""
+    ops[op, O_STATE] = S_DONE
+    ops[op, O_TSTART] = t
+    if ops[op, O_KIND] == K_A:
+        used = rs[ri, R_MEM] + ops[op, O_VAL]
+        rs[ri, R_MEM] = used
+        if used > rs[ri, R_CAP]:
+            g[G_RET_RI] = ri
+            g[G_RET_T] = t
+            g[G_RET_OP] = op
+            return ST_OOM
+        if used > rs[ri, R_PEAK]:
+            rs[ri, R_PEAK] = used
+    else:
+        rs[ri, R_MEM] -= ops[op, O_VAL]
+    nxt = ops[op, O_NEXT]
+    rs[ri, R_CHEAD] = nxt
+    if nxt < 0:
+        rs[ri, R_CTAIL] = -1
+    if ops[op, O_LAST]:
+        # the block's last op: the shard completes its proxy (counters, dependents, the program)
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        g[G_RET_OP] = op
+        return ST_IBLOCK
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    # a tensor collective launched after it waits for it (Shard.launch: the compute stream's last op)
+    for k in range(ops[op, O_NDEP]):
+        dep = ops[op, O_DEP0 + k]
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0 and rs[ri, R_THEAD] == dep:
+            _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+    ops[op, O_NDEP] = 0
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_IRESUME
+    return ST_LIMIT
 
 
 @njit(cache=True)
@@ -282,7 +345,7 @@ def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
     """The block's proxy started (its dependencies are done): its first compute op starts."""
     op = rs[ri, R_CHEAD]
     ops[op, O_GATE] = 0
-    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+    g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)
@@ -290,7 +353,8 @@ def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
     row = tp[b, 0]
-    op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
+    code = ti[row, 0]
+    op = _new_op(rs, ops, g, ri, K_C if code == I_C else (K_A if code == I_A else K_F), ti[row, 1])
     of[op] = tf[row]
     ops[op, O_LOST] = ti[row, 2]
     ops[op, O_GATE] = 1
@@ -329,7 +393,26 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
                     rs[ri, R_NWAIT] = k + 1
                 rs[ri, R_PEND] = -1
             continue
-        if code == I_C:
+        if code == I_A or code == I_F:
+            # Shard.launch of an alloc or free on the compute stream (no dependencies: OpCore._template
+            # takes none where a wait is owed); it runs at once when it is the stream's head
+            op = _new_op(rs, ops, g, ri, K_A if code == I_A else K_F, ti[row, 1])
+            ops[op, O_LOST] = ti[row, 2]
+            if pos == n - 1:
+                ops[op, O_LAST] = 1
+            if rs[ri, R_CTAIL] >= 0 and rs[ri, R_CHEAD] >= 0:
+                ops[rs[ri, R_CTAIL], O_NEXT] = op
+            else:
+                rs[ri, R_CHEAD] = op
+            rs[ri, R_CTAIL] = op
+            rs[ri, R_LASTC] = op
+            rs[ri, R_OUT] += 1
+            if rs[ri, R_CHEAD] == op:
+                status = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
+                if status != ST_LIMIT:  # (the program runs: never ST_IRESUME here)
+                    g[G_STATUS] = status
+                    return
+        elif code == I_C:
             op = _new_op(rs, ops, g, ri, K_C, ti[row, 1])
             of[op] = tf[row]
             ops[op, O_LOST] = ti[row, 2]
@@ -413,13 +496,18 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, 
         ops[dep, O_DEPS] -= 1
         if ops[dep, O_DEPS] == 0:
             if ops[dep, O_KIND] == K_C:
+                # a compute op (alloc and free have no dependencies): it starts, no instant op runs
                 if rs[ri, R_CHEAD] == dep:
                     _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
             elif rs[ri, R_THEAD] == dep:
                 _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
     ops[op, O_NDEP] = 0
     if kind == K_C:
-        _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+        status = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+        if status != ST_LIMIT:
+            # an instant op stopped the loop: Python goes on with it, then makes this op's check
+            # below (OpCore.instant_stop)
+            return status
     else:
         _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
@@ -508,6 +596,13 @@ def start_block(ib, gb, fb, tf, free, ri, t):
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+
+
+@njit(cache=True)
+def cont(ib, gb, fb, tf, free, ri, t):
+    """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
+    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)

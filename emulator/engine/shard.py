@@ -35,11 +35,11 @@ from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
-from emulator.engine.opkernels import ST_BLOCK_DONE, ST_RESUME
+from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
-from emulator.engine.vgpu import VirtualGPU
+from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
 from emulator.hardware.compute import op_duration_ns
 from emulator.hardware.gpus import get_gpu
@@ -386,7 +386,7 @@ class Shard(CollectiveExecution):
             gpu.mem_used += block.size_bytes
             gpu.allocations.add(block)
             if gpu.mem_used > gpu.capacity_bytes:
-                raise OutOfMemoryError(_oom_message(gpu, block, t))
+                raise OutOfMemoryError(oom_message(gpu, block, t))
             if gpu.mem_used > gpu.mem_peak:
                 gpu.mem_peak = gpu.mem_used
         elif kind == FREE:
@@ -418,6 +418,8 @@ class Shard(CollectiveExecution):
                 left = self.cross_runs.pop(gpu.rank) - 1
                 if left:
                     self.cross_runs[gpu.rank] = left
+        elif op.kind == BLOCK:  # a compiled block that ended with an alloc or free (opcore.py)
+            stream.done_ns += op.a
         if gpu.trace is not None:
             gpu.trace.append((stream.name, op.describe(), op.kind, op.t_start, t))
         dependents = op.dependents
@@ -647,6 +649,8 @@ class Shard(CollectiveExecution):
             gpu, t = ops.resumed()
             self.now = t
             self._maybe_resume(gpu)
+        elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
+            ops.stopped(status)
 
     def _failed(self, rank: int, t: int) -> bool:
         """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""
@@ -797,13 +801,3 @@ def _describe_exception(exc: BaseException) -> str:
             where = f" at {frame.f_code.co_filename}:{tb.tb_lineno}"
         tb = tb.tb_next
     return f"{type(exc).__name__}: {exc}{where}"
-
-
-def _oom_message(gpu: VirtualGPU, block, t: int) -> str:
-    live = sorted(gpu.allocations, key=lambda b: (-b.size_bytes, b.name))[:3]  # names break ties: set order varies
-    top = ", ".join(f"{b.name} {b.size_bytes / 2**30:.2f} GiB" for b in live)
-    return (
-        f"out of memory on rank {gpu.rank} at t={t / 1e9:.6f} s: allocating {block.name} "
-        f"({block.size_bytes / 2**30:.2f} GiB) brings use to {gpu.mem_used / 2**30:.2f} GiB of "
-        f"{gpu.capacity_bytes / 2**30:.2f} GiB ({gpu.spec.name}); largest live: {top}"
-    )

@@ -73,3 +73,16 @@ class VirtualGPU:
         if s is None:
             s = self.streams[name] = Stream(name)
         return s
+
+
+def oom_message(gpu: VirtualGPU, block, t: int) -> str:
+    """The out-of-memory error's line for ``block`` allocated on ``gpu`` at ``t`` (ns): the use it
+    brings, the capacity and the largest live allocations (Shard._instant, and the compiled
+    engine's allocs, opcore.OpCore._out_of_memory)."""
+    live = sorted(gpu.allocations, key=lambda b: (-b.size_bytes, b.name))[:3]  # names break ties: set order varies
+    top = ", ".join(f"{b.name} {b.size_bytes / 2**30:.2f} GiB" for b in live)
+    return (
+        f"out of memory on rank {gpu.rank} at t={t / 1e9:.6f} s: allocating {block.name} "
+        f"({block.size_bytes / 2**30:.2f} GiB) brings use to {gpu.mem_used / 2**30:.2f} GiB of "
+        f"{gpu.capacity_bytes / 2**30:.2f} GiB ({gpu.spec.name}); largest live: {top}"
+    )

@@ -150,10 +150,15 @@ def prepare_segments(gpu, segments: list[tuple], tp_group, groups: dict | None =
     return block
 
 
-def launch_prepared(gpu, block: list[tuple], suffix: str = "") -> None:
+def launch_prepared(gpu, block: list[tuple], suffix: str = "", memory: list | None = None) -> None:
     """Launch a block of :func:`prepare_segments`; compute ops are named ``<segment><suffix>``. The
-    compiled per-op engine takes the whole block where it applies (emulator/engine/opcore.py)."""
-    if gpu.launch_block(block):
+    compiled per-op engine takes the whole block where it applies (emulator/engine/opcore.py).
+
+    A block may allocate and free memory between its segments (training.py joins a layer's
+    recomputed activations, a microbatch's activations): ``("a", slot, bytes, name)`` is
+    ``memory[slot] = gpu.alloc(bytes, name)`` (``name`` None: the slot holds it), and
+    ``("f", slot, bytes, None)`` is ``gpu.free(memory[slot])`` (``bytes`` its size)."""
+    if gpu.launch_block(block, memory):
         return
     pending = None
     for kind, a, b, c in block:
@@ -165,9 +170,14 @@ def launch_prepared(gpu, block: list[tuple], suffix: str = "") -> None:
                 pending = handle  # overlapped: waited for after the next compute segment
             else:
                 handle.wait()
-        elif pending is not None:
-            pending.wait()
-            pending = None
+        elif kind == "w":
+            if pending is not None:
+                pending.wait()
+                pending = None
+        elif kind == "a":
+            memory[a] = gpu.alloc(b, memory[a] if c is None else c)
+        else:
+            gpu.free(memory[a])
 
 
 def repeat_prepared(block: list[tuple], times: int) -> list[tuple] | None:

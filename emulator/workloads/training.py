@@ -162,6 +162,24 @@ def training_program(config):
             launch_prepared(gpu, block, suffix)
             return True
 
+        joined: dict[tuple, list | None] = {}  # (id(segments), layers, memory rows) -> the block, or None
+
+        def join_layers(segments, layers: int, around: tuple = (), before: tuple = (), after: tuple = ()):
+            """``layers`` layers of ``segments`` as one block with the allocs and frees the program
+            launches between them (tensor_parallel.launch_prepared's ``"a"`` / ``"f"`` rows):
+            ``before`` the first layer, ``around`` each (an alloc and a free), ``after`` the last:
+            the same ops in the same order as launched one by one, so that the compiled per-op
+            engine takes them as one block; None when they cannot be (repeat_prepared)."""
+            key = (id(segments), layers, around, before, after)
+            block = joined.get(key, False)
+            if block is False:
+                one = blocks.get(id(segments))
+                if one is None:
+                    one = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
+                body = repeat_prepared([around[0], *one, around[1]] if around else one, layers)
+                block = joined[key] = None if body is None else [*before, *body, *after]
+            return block
+
         def zero3_gathers(layers: int):
             """Launch weight all-gathers one layer ahead; yields before each layer's compute."""
             if not zero3:
@@ -203,23 +221,35 @@ def training_program(config):
                 src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
                 message("recv", src, chunk, f"pp.recv.fwd{chunk}").wait()
             size = act_layer * chunk_layers[chunk] + (logits_bytes(config) if final and not eager else 0)
-            activations[(mb, chunk)] = gpu.alloc(size, f"stage{stage}.activations.mb{mb}.chunk{chunk}")
+            name = f"stage{stage}.activations.mb{mb}.chunk{chunk}"
             suffix = f" mb{mb}"
-            if root_params and "weights" not in root:
-                # root pre-forward: its all-gather, waited for before any of the stage's compute
-                root["weights"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.weights")
-                gpu.all_gather(root_weight_bytes, shard_group, async_op=True, stream="dp").wait()
-            waiting = gathers.pop(chunk, None)
-            if first:
-                if waiting:
-                    waiting.pop(0)[1].wait()
-                run_segments(segs.embedding_forward, suffix)
-            # the chunk's layers as one block where nothing runs between them (no weight gathers)
-            if zero3 or waiting or not run_layers(segs.layer_forward, chunk_layers[chunk], suffix):
-                for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
-                    while waiting and waiting[0][0] <= layer:
+            # the activations' alloc and the chunk's layers as one block where nothing runs between
+            # them (no embedding, no weight gathers)
+            block = None
+            if not (first or zero3 or gathers.get(chunk) or (root_params and "weights" not in root)):
+                block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
+            if block is not None:
+                gathers.pop(chunk, None)
+                memory = [name]
+                launch_prepared(gpu, block, suffix, memory)
+                activations[(mb, chunk)] = memory[0]
+            else:
+                activations[(mb, chunk)] = gpu.alloc(size, name)
+                if root_params and "weights" not in root:
+                    # root pre-forward: its all-gather, waited for before any of the stage's compute
+                    root["weights"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.weights")
+                    gpu.all_gather(root_weight_bytes, shard_group, async_op=True, stream="dp").wait()
+                waiting = gathers.pop(chunk, None)
+                if first:
+                    if waiting:
                         waiting.pop(0)[1].wait()
-                    run_segments(segs.layer_forward, suffix)
+                    run_segments(segs.embedding_forward, suffix)
+                # the chunk's layers as one block where nothing runs between them (no weight gathers)
+                if zero3 or waiting or not run_layers(segs.layer_forward, chunk_layers[chunk], suffix):
+                    for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
+                        while waiting and waiting[0][0] <= layer:
+                            waiting.pop(0)[1].wait()
+                        run_segments(segs.layer_forward, suffix)
             if final:
                 if eager:
                     loss_buffers[mb] = gpu.alloc(logits_bytes(config), f"stage{stage}.loss.mb{mb}")
@@ -244,11 +274,24 @@ def training_program(config):
             if root_params and "grads" not in root and (final or first):
                 # the output layer's (or the embedding's) 16-bit gradients, unsharded until the copy-in
                 root["grads"] = gpu.alloc(root_weight_bytes, f"stage{stage}.zero3_root_unit.gradients")
-            # the chunk's layers as one block where nothing runs between them: no rebuilt layer's
-            # memory, no weight gathers or unit reductions (ZeRO-3), no gradient bucket after a layer
-            between = full_layer or zero3 or (reduce_now and buckets_after) or (
+            # the chunk's layers as one block where nothing runs between them but the rebuilt layers'
+            # allocs and frees (no weight gathers or unit reductions (ZeRO-3), no gradient bucket
+            # after a layer), with the activations' free after them where nothing runs in between
+            # (no embedding backward, no gradient bucket)
+            between = zero3 or (reduce_now and buckets_after) or (
                 mb == micro - 1 and edp_group is not None and expert_grad_bytes)  # fmt: skip
-            if between or not run_layers(segs.layer_backward, chunk_layers[chunk], suffix):
+            block, freed = None, False
+            if not between:
+                freed = not (first or (reduce_now and buckets_rest))
+                after = (("f", 1, activations[(mb, chunk)].size_bytes, None),) if freed else ()
+                around = ()
+                if full_layer:
+                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
+                block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
+            if block is not None:
+                launch_prepared(gpu, block, suffix, [None, activations.pop((mb, chunk))] if freed else [None])
+            else:
+                freed = False
                 for layer, _ in enumerate(zero3_gathers(chunk_layers[chunk])):
                     rebuilt = gpu.alloc(full_layer, f"stage{stage}.recomputed_layer") if full_layer else None
                     run_segments(segs.layer_backward, suffix)
@@ -265,7 +308,8 @@ def training_program(config):
                 run_segments(segs.embedding_backward, suffix)
             if reduce_now and buckets_rest:
                 reduce_bucket(buckets_rest)
-            gpu.free(activations.pop((mb, chunk)))
+            if not freed:
+                gpu.free(activations.pop((mb, chunk)))
             if root_params and chunk == 0:
                 # the root unit's post-backward: copy-in and reduce-scatter of its gradients; it
                 # reshards once no other microbatch of this stage is in flight

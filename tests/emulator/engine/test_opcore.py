@@ -83,8 +83,8 @@ def counted(monkeypatch):
     taken = [0]
     launch = opcore.OpCore.launch
 
-    def counting(self, gpu, block):
-        done = launch(self, gpu, block)
+    def counting(self, gpu, block, memory=None):
+        done = launch(self, gpu, block, memory)
         taken[0] += done
         return done
 
