@@ -12,11 +12,13 @@ proxy's bound that is not a lower bound fails Shard.deliver's assertion on sever
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from emulator.config.loader import load_run
+from emulator.engine.opcore import OpCore
 from emulator.errors import EmulatorError
 from netmodel.errors import ConfigError
 from tests.conftest import CONFIGS
@@ -91,18 +93,53 @@ def cases(seed: int, count: int):
         yield path, overrides, rng.choice([1, 2, 3, 4])
 
 
-def assert_same(tmp_path: Path, path: Path, overrides: list[str], shards: int) -> None:
+@contextmanager
+def watching():
+    """What the compiled engine's blocks did: ``proxies``, ``(start, end, least)`` of every block
+    that ran to its end (its proxy's start and ``a``, its last op's end), and the instant-op
+    statuses OpCore.instant_stop handled (opkernels.ST_*: counts)."""
+    seen = {"proxies": [], "statuses": {}}
+    starts = {}
+    start_block, block_done, instant_stop = OpCore.start_block, OpCore.block_done, OpCore.instant_stop
+
+    def started(self, gpu, proxy, t):
+        starts[id(proxy)] = t
+        start_block(self, gpu, proxy, t)
+
+    def done(self):
+        gpu, proxy, t = block_done(self)
+        seen["proxies"].append((starts.pop(id(proxy)), t, proxy.a))
+        return gpu, proxy, t
+
+    def stopping(self, gpu, status, t):
+        seen["statuses"][status] = seen["statuses"].get(status, 0) + 1
+        return instant_stop(self, gpu, status, t)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(OpCore, "start_block", started)
+        patch.setattr(OpCore, "block_done", done)
+        patch.setattr(OpCore, "instant_stop", stopping)
+        yield seen
+
+
+def assert_same(tmp_path: Path, path: Path, overrides: list[str], shards: int) -> dict:
     """The run directories under both engines, byte for byte; for a run that fails on several shards,
     its error line only: what the other shards had done when one failed depends on the round
-    boundaries, on either engine (test_a_failed_run_on_several_shards_writes_the_one_shard_results)."""
+    boundaries, on either engine (test_a_failed_run_on_several_shards_writes_the_one_shard_results).
+    Every compiled block lasts at least its proxy's least duration (lookahead.block_bound). Returns
+    what :func:`watching` saw of the compiled run."""
     tag = f"{path.stem}-{len(list(tmp_path.iterdir()))}"
-    compiled = run_dir(path, overrides, "compiled", tmp_path / f"{tag}-c", shards, "none")
-    if compiled[0] is None or shards == 1:
-        reference = run_dir(path, overrides, "python", tmp_path / f"{tag}-p", shards, "none")
-        assert compiled == reference, (path.name, overrides, shards)
-        return
+    case = (path.name, overrides, shards)
+    with watching() as seen:
+        compiled = run_dir(path, overrides, "compiled", tmp_path / f"{tag}-c", shards, "none")
+    short = [(start, end, least) for start, end, least in seen["proxies"] if end - start < least]
+    assert not short, (short[:3], *case)
     reference = run_dir(path, overrides, "python", tmp_path / f"{tag}-p", shards, "none")
-    assert compiled[0] == reference[0], (path.name, overrides, shards)
+    if compiled[0] is None or shards == 1:
+        assert compiled == reference, case
+    else:
+        assert compiled[0] == reference[0], case
+    return seen
 
 
 @pytest.mark.parametrize("seed", range(4))
