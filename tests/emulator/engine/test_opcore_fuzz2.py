@@ -39,7 +39,11 @@ AXES = [
     ("fold", ["engine.fold_tensor_groups=false"]),
     ("slow gpu", ["faults.slow_gpu=[{ranks: [1], factor: 0.7}]", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]",
                   "faults.slow_gpu=[{ranks: [0, 6], factor: 0.8}, {ranks: [6], factor: 0.5}]"]),
-    ("slow link", ["faults.slow_link=[{nic: {node: 0, index: 0}, factor: 0.25}]"]),
+    ("slow link", ["faults.slow_link=[{nic: {node: 0, index: 0}, factor: 0.25}]",
+                   "faults.slow_link=[{nic: {node: 0, index: 0}, factor: 0.5, start_s: 0.01, end_s: 0.2}]"]),
+    # faults the kernels do not take (a factor per start, a draw per kernel): the Python rules beside
+    ("other faults", ["faults.slow_gpu=[{ranks: [2], factor: 0.5, start_s: 0.01, end_s: 0.05}]",
+                      "faults.jitter={sigma: 0.05, ranks: [6]}"]),
     ("zero", ["parallel.zero_stage=1", "parallel.zero_stage=2", "parallel.zero_stage=3"]),
     ("overlap", ["parallel.tp_comm_overlap=true;parallel.sequence_parallel=true",
                  "parallel.sequence_parallel=false", "parallel.overlap_grad_reduce=false",
@@ -67,7 +71,7 @@ BIG = [
      ["training.global_batch_size=12", "training.global_batch_size=24",
       "training.global_batch_size=12;engine.max_ops_ahead=2"]),
 ]  # fmt: skip
-BIG_AXES = ["recompute", "max_ops_ahead", "fold", "slow gpu", "slow link", "zero", "overlap"]
+BIG_AXES = ["recompute", "max_ops_ahead", "fold", "slow gpu", "slow link", "other faults", "zero", "overlap"]
 
 
 def cases(seed: int, count: int):
@@ -185,3 +189,11 @@ def test_a_failed_run_on_several_shards_writes_the_one_shard_results(tmp_path):
     assert one[0] == two[0] and one[0][0] == "OutOfMemoryError"
     keys = ("sim_time_s", "events", "fingerprint")
     assert [one[1]["summary.json"][k] for k in keys] == [two[1]["summary.json"][k] for k in keys]
+
+
+@pytest.mark.xfail(strict=True, reason="schema: virtual_stages > 1 with pipeline 1 is accepted, and the run then "
+                   "fails on both engines with a ProgramError ('rank 0: send peer 0 is not another rank of 0..7'), "
+                   "not a config error naming parallel.virtual_stages")  # fmt: skip
+def test_interleaving_without_a_pipeline_is_a_config_error():
+    with pytest.raises(ConfigError, match="virtual_stages"):
+        load_run(BASE, ["parallel.virtual_stages=2", "training.global_batch_size=8", "training.micro_batch_size=1"])
