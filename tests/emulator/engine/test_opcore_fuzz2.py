@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from emulator.config.loader import load_run
+from emulator.engine import opkernels as k
 from emulator.engine.opcore import OpCore
 from emulator.errors import EmulatorError
 from netmodel.errors import ConfigError
@@ -153,6 +154,31 @@ def test_fuzzed_small_runs_match(seed, tmp_path):
     assert small
     for path, overrides, shards in small:
         assert_same(tmp_path, path, overrides, shards)
+
+
+# cases drawn above that reach each instant-op status on 3 in-process shards (which the other
+# tests do not run), the pipeline's stages on different shards; (run, overrides, statuses)
+SLOW_5 = "faults.slow_gpu=[{ranks: [5], factor: 0.9}]"
+TARGETED = [
+    ("megatron-22b-8gpu", [*SHRINK, "cluster.nodes=2", "parallel.pipeline=2", "training.micro_batch_size=2",
+                           "training.global_batch_size=16", "training.recompute=full",
+                           "engine.fold_tensor_groups=false", SLOW_5], {k.ST_IRESUME, k.ST_IBLOCK}),
+    ("megatron-175b-64gpu", ["training.iterations=1", "training.global_batch_size=24", "parallel.virtual_stages=1",
+                             "parallel.schedule=gpipe", "parallel.sequence_parallel=false", "engine.max_ops_ahead=3",
+                             "engine.fold_tensor_groups=false", "training.recompute=none"], {k.ST_IRESUME}),
+    # out of memory at a rebuilt layer's alloc inside a backward block: the same error line
+    ("megatron-22b-8gpu", [*SHRINK, "cluster.nodes=2", "parallel.pipeline=2", "training.recompute=full",
+                           "training.seq_length=16384", "training.micro_batch_size=8", "training.global_batch_size=32",
+                           "engine.max_ops_ahead=5"], {k.ST_OOM}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(TARGETED)))
+def test_targeted_runs_match_on_3_shards(case, tmp_path):
+    name, overrides, statuses = TARGETED[case]
+    seen = assert_same(tmp_path, CONFIGS / "runs" / f"{name}.yaml", overrides, 3)
+    assert seen["proxies"] or k.ST_OOM in statuses
+    assert statuses <= set(seen["statuses"]), seen["statuses"]
 
 
 @pytest.mark.slow
