@@ -6,7 +6,14 @@ pipeline and data sizes, schedules, recomputation, micro and global batches, ``m
 folding, slow GPUs and links, ZeRO stages, overlap flags, activations near the GPU's memory - run
 under ``engine.op_engine: compiled`` and ``python`` on 1, 2, 3 and 4 in-process shards; the whole
 run directories (or the error lines) must be the same (test_opcore_fuzz.assert_same_run_dirs). A
-proxy's bound that is not a lower bound fails Shard.deliver's assertion on several shards.
+proxy's bound that is not a lower bound fails Shard.deliver's assertion on several shards; each
+compiled block's duration is also checked against its proxy's least duration directly.
+
+What the fuzzing found is below, reduced, marked xfail(strict=True): none in the compiled engine
+(every finished run matched; every block lasted at least its bound), three of the multi-shard
+protocol or the config, which both engines share: a failed run's partial results depend on the
+round boundaries, errors met in one round are raised in shard order rather than in virtual-time
+order, and interleaving with pipeline 1 passes the config.
 """
 
 from __future__ import annotations
