@@ -663,6 +663,12 @@ class RunConfig:
             f"(micro_batch_size {t.micro_batch_size} * data {data})); the emulator's limit is {lim.MAX_MICROBATCHES}",
         )
         if p.virtual_stages > 1 or p.schedule == "interleaved-1f1b":
+            # (without a pipeline the chunks would pass their activations to the rank itself)
+            require(
+                p.pipeline > 1,
+                f"parallel.virtual_stages ({p.virtual_stages}) / the interleaved schedule needs "
+                f"parallel.pipeline > 1 (got {p.pipeline})",
+            )
             require(
                 micro % p.pipeline == 0,
                 f"interleaved schedule: microbatches per pipeline ({micro}) must be a multiple of "

@@ -53,6 +53,14 @@ def test_override_of_unknown_key_fails_with_path():
         load_run(CONFIGS / "runs" / "megatron-22b-8gpu.yaml", ["training.micro_batch=2"])
 
 
+def test_interleaving_without_a_pipeline_is_a_config_error():
+    """Found by fuzzing: virtual stages on pipeline 1 used to pass the config, and the run then
+    failed with a program error (a rank sending its activations to itself)."""
+    with pytest.raises(ConfigError, match=r"parallel\.virtual_stages \(2\).*parallel\.pipeline > 1"):
+        load_run(CONFIGS / "runs" / "megatron-22b-8gpu.yaml",
+                 ["parallel.virtual_stages=2", "training.global_batch_size=8", "training.micro_batch_size=1"])
+
+
 def test_parse_override_values_are_yaml():
     assert parse_override("a.b=3") == (["a", "b"], 3)
     assert parse_override("a=true") == (["a"], True)
