@@ -20,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from emulator.engine.coordinator import Observer, drive
+from emulator.engine.coordinator import Observer, drive, first_error
 from emulator.engine.placement import shard_layout
 from emulator.engine.result import RunResult
 from emulator.engine.settings import EngineSettings
@@ -227,8 +227,9 @@ class ShardPool:
     def call(self, method: str, args: dict[int, tuple], timeout_s: float | None = None) -> dict:
         """Call ``method`` on the given shards at once; results by shard.
 
-        Errors are raised in shard order, as the inline backend meets them: a user error raised in
-        a shard is re-raised here unchanged; a lost shard becomes a BackendError naming it.
+        A lost shard becomes a BackendError naming it (the first in shard order); user errors raised
+        in shards are re-raised here unchanged once every shard answered, the first in event order
+        of them (coordinator.first_error), as the inline backend does.
         """
         ray = self.ray
         refs = {i: getattr(self.actors[i], method).remote(*a) for i, a in args.items()}
@@ -254,17 +255,19 @@ class ShardPool:
                                                     "(no free CPU there, or its worker process failed)")  # fmt: skip
             else:
                 self.check_alive(late)
-        results = {}
+        results, errors = {}, []
         for i in order:
             try:
                 results[i] = ray.get(refs[i])
             except ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
-                if isinstance(cause, EmulatorError):
-                    raise cause from None
-                raise
+                if not isinstance(cause, EmulatorError):
+                    raise
+                errors.append(cause)  # its event_key came along (an exception pickles its attributes)
             except ray.exceptions.RayError as exc:
                 raise self.lost(i, exc) from None
+        if errors:
+            raise first_error(errors) from None
         return results
 
     def _raise_if_lost(self, index: int, ref) -> None:

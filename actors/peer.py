@@ -15,7 +15,9 @@ for its peers sleeps in ``select`` (no spinning), so the driver and the shards c
 The driver only starts the rounds and hears from the shards every so often (live figures, Ctrl-C):
 shard 0 sets a *pause* flag in its frame once the call's wall budget is spent, and every shard stops
 after that same round. A shard whose round raised (OOM, a program error) flags it; every shard stops
-after that round and the driver raises the errors in shard order, as the other transports do. A
+after that round and the driver raises the first of their errors in event order, as the other
+transports do (emulator/engine/coordinator.py first_error: every shard finished the round, up to
+its own first error). A
 peer whose connection closes (its process died) or that is aborted by the driver (a frozen host,
 Ctrl-C) ends the shard's loop with a status the driver turns into the lost shard's one-line error.
 

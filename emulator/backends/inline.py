@@ -3,13 +3,14 @@ protocol as the Ray backend. ``--shards N`` here shows that sharding does not ch
 
 from __future__ import annotations
 
-from emulator.engine.coordinator import Observer, drive
+from emulator.engine.coordinator import Observer, drive, first_error
 from emulator.engine.folding import fold_factor
 from emulator.engine.gc_tuning import relaxed_gc
 from emulator.engine.placement import shard_layout
 from emulator.engine.result import RunResult, export_shard
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
+from emulator.errors import EmulatorError
 from emulator.workloads.programs import resolve_program
 
 
@@ -22,11 +23,24 @@ class InlineTransport:
         self.world_size = world_size
 
     def start(self) -> dict:
-        return {i: self._reply(shard, shard.start(), False) for i, shard in enumerate(self.objs)}
+        return self._each({i: (shard.start, (), False) for i, shard in enumerate(self.objs)})
 
     def step(self, work: dict) -> dict:
-        return {i: self._reply(self.objs[i], self.objs[i].step(horizon, inbound), want_stats)
-                for i, (horizon, inbound, want_stats) in work.items()}  # fmt: skip
+        return self._each({i: (self.objs[i].step, (horizon, inbound), want_stats)
+                           for i, (horizon, inbound, want_stats) in work.items()})  # fmt: skip
+
+    def _each(self, calls: dict) -> dict:
+        """Every shard's call, in shard order; a run's error on one shard does not stop the others'
+        round: the first in event order is raised once all ran (coordinator.first_error)."""
+        replies, errors = {}, []
+        for i, (call, args, want_stats) in calls.items():
+            try:
+                replies[i] = self._reply(self.objs[i], call(*args), want_stats)
+            except EmulatorError as exc:
+                errors.append(exc)
+        if errors:
+            raise first_error(errors)
+        return replies
 
     @staticmethod
     def _reply(shard: Shard, result: tuple, want_stats: bool) -> tuple:

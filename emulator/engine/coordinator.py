@@ -65,7 +65,9 @@ class Transport(Protocol):
         """Build the shards and run every program to its first suspension; a reply per shard."""
 
     def step(self, work: dict[int, tuple[float, list, bool]]) -> dict[int, StepReply]:
-        """One round on the given shards: ``{shard: (horizon, inbound payloads, want_stats)}``."""
+        """One round on the given shards: ``{shard: (horizon, inbound payloads, want_stats)}``.
+        Every shard runs its round even when another raises (a run's error: OOM, program error...);
+        then the first of those errors in event order is raised (:func:`first_error`)."""
 
     def finish(self) -> list[tuple[list, dict, dict]]:
         """Every shard's ``(blocked ranks, exported results, last live stats)``, in shard order."""
@@ -87,7 +89,8 @@ class DirectTransport(Transport, Protocol):
     def advance(self, budget_s: float, want_stats: bool) -> tuple[bool, tuple, list]:
         """Let the shards run rounds for about ``budget_s`` wall seconds (they stop together, after
         the same round); returns ``(ended, RoundStats.counters() of the rounds so far, live stats per
-        shard or Nones)``. Raises the run's errors in shard order."""
+        shard or Nones)``. Raises, of the errors the shards met in their last round, the first in
+        event order (:func:`first_error`)."""
 
 
 @dataclass
@@ -108,6 +111,26 @@ class RoundStats:
 
     def take(self, counters: tuple) -> None:
         self.rounds, self.cross_shard_messages, self.virtual_time_ns, self.overhead_s, self.critical_s = counters
+
+
+def first_error(errors: Sequence[BaseException]) -> BaseException:
+    """Of the errors the shards met in one round (in shard order), the one a single shard meets.
+
+    Each shard stops at its own first error, marked with the key of the event that raised it
+    (``event_key``, emulator/engine/events.py at_event); the least key wins. Comparing the shards'
+    first errors of one round is enough: in a round, shard ``j`` processes only events before its
+    horizon ``H_j``, and nothing another shard does in that round reaches ``j`` before ``H_j`` (the
+    horizons bound every arrival from below, module docstring), so every event a shard processed
+    in the round - its error's included - happens as on one shard, whatever the others did in the
+    round; on one shard the run stops at the least of these errors and meets none of the others.
+    An error an earlier round met stopped the run there. An error without a key (not met at an
+    event: a bug in the protocol) goes first, in shard order, as before.
+    """
+    def order(i: int) -> tuple:
+        key = getattr(errors[i], "event_key", None)
+        return (0, i) if key is None else (1, key)
+
+    return errors[min(range(len(errors)), key=order)]
 
 
 def next_horizons(done: Sequence[float], nexts: Sequence[float], bounds: Sequence[tuple[list, float]],

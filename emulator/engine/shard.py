@@ -29,12 +29,12 @@ from greenlet import greenlet
 from emulator.engine.api import GPU, Group
 from emulator.engine.collective_run import Chan, CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
-from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF
+from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF, START, at_event
 from emulator.engine.faults import ComputeFaults, Failures
 from emulator.engine.folding import is_representative
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
-from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT
+from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RET_RANK, RET_T
 from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.settings import EngineSettings
@@ -149,7 +149,11 @@ class Shard(CollectiveExecution):
             gpu = self.gpus[rank]
             api = GPU(self, gpu, self.program_args, self.run_config)
             gpu.greenlet = greenlet(self._program_main)
-            self._switch(gpu, api)
+            try:
+                self._switch(gpu, api)
+            except EmulatorError as exc:  # the starts come before every event, in rank order
+                at_event(exc, (0, START, rank))
+                raise
         return self._reply(started, self._take_outbox())
 
     def step(self, horizon: float, inbound: list[list]) -> tuple[float, float, dict[int, list], float]:
@@ -564,26 +568,31 @@ class Shard(CollectiveExecution):
         # event times are integers: t < horizon exactly when t < ceil(horizon)
         core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
         fail_from = self.fail_from_ns  # INF without failures: one comparison per event
-        while True:
-            # the core's next event goes first when its key precedes the Python heap's top
-            ct = core.top
-            if ct < horizon:
-                if not heap or ct < heap[0][0] or (ct == heap[0][0] and core.top_key() < heap[0][:5]):
-                    self._run_core(heap[0] if heap else None, core_horizon)
-                    continue
-            if not heap or heap[0][0] >= horizon:
-                break
-            t, kind, rank, _, _, obj = pop(heap)
-            self.now = t
-            count += 1
-            if t >= fail_from and self._failed(rank, t):
-                continue  # a failed GPU processes nothing more (emulator/engine/faults.py)
-            if kind == EV_OP_DONE:
-                self._complete(gpus[rank], obj, t)
-            elif kind == EV_STEP:
-                self._step(gpus[rank], obj, t)
-            else:
-                self._handover(obj, t)
+        try:
+            while True:
+                # the core's next event goes first when its key precedes the Python heap's top
+                ct = core.top
+                if ct < horizon:
+                    if not heap or ct < heap[0][0] or (ct == heap[0][0] and core.top_key() < heap[0][:5]):
+                        self._run_core(heap[0] if heap else None, core_horizon)
+                        continue
+                if not heap or heap[0][0] >= horizon:
+                    break
+                t, kind, rank, _, _, obj = pop(heap)
+                self.now = t
+                count += 1
+                if t >= fail_from and self._failed(rank, t):
+                    continue  # a failed GPU processes nothing more (emulator/engine/faults.py)
+                if kind == EV_OP_DONE:
+                    self._complete(gpus[rank], obj, t)
+                elif kind == EV_STEP:
+                    self._step(gpus[rank], obj, t)
+                else:
+                    self._handover(obj, t)
+        except EmulatorError as exc:
+            if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
+                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+            raise
         self.events += count + core.events - core_events
         if horizon > self.done_until:
             self.done_until = horizon
@@ -599,39 +608,44 @@ class Shard(CollectiveExecution):
         core, ops = self.core, self.ops_core
         core_events, ops_events = core.events, ops.events
         core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
-        while True:
-            ot, ct = ops.top, core.top
-            ht = heap[0][0] if heap else INF
-            if ot < horizon and ot <= ct and ot <= ht:
-                # the least key of the other two heaps: the kernels stop before it
-                limit = heap[0][:5] if heap else None
-                if ct < INF and (limit is None or ct <= ht):
-                    ck = core.top_key()
-                    if limit is None or ck < limit:
-                        limit = ck
-                if limit is None or ops.top_key() < limit:
-                    self._run_ops(limit, core_horizon)
-                    continue
-            if ct < horizon:
-                if not heap or ct < ht or (ct == ht and core.top_key() < heap[0][:5]):
+        try:
+            while True:
+                ot, ct = ops.top, core.top
+                ht = heap[0][0] if heap else INF
+                if ot < horizon and ot <= ct and ot <= ht:
+                    # the least key of the other two heaps: the kernels stop before it
                     limit = heap[0][:5] if heap else None
-                    if ot < INF:
-                        okey = ops.top_key()
-                        if limit is None or okey < limit:
-                            limit = okey
-                    self._run_core(limit, core_horizon)
-                    continue
-            if not heap or ht >= horizon:
-                break
-            t, kind, rank, _, _, obj = pop(heap)
-            self.now = t
-            count += 1
-            if kind == EV_OP_DONE:
-                self._complete(gpus[rank], obj, t)
-            elif kind == EV_STEP:
-                self._step(gpus[rank], obj, t)
-            else:
-                self._handover(obj, t)
+                    if ct < INF and (limit is None or ct <= ht):
+                        ck = core.top_key()
+                        if limit is None or ck < limit:
+                            limit = ck
+                    if limit is None or ops.top_key() < limit:
+                        self._run_ops(limit, core_horizon)
+                        continue
+                if ct < horizon:
+                    if not heap or ct < ht or (ct == ht and core.top_key() < heap[0][:5]):
+                        limit = heap[0][:5] if heap else None
+                        if ot < INF:
+                            okey = ops.top_key()
+                            if limit is None or okey < limit:
+                                limit = okey
+                        self._run_core(limit, core_horizon)
+                        continue
+                if not heap or ht >= horizon:
+                    break
+                t, kind, rank, _, _, obj = pop(heap)
+                self.now = t
+                count += 1
+                if kind == EV_OP_DONE:
+                    self._complete(gpus[rank], obj, t)
+                elif kind == EV_STEP:
+                    self._step(gpus[rank], obj, t)
+                else:
+                    self._handover(obj, t)
+        except EmulatorError as exc:
+            if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
+                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+            raise
         self.events += count + core.events - core_events + ops.events - ops_events
         if horizon > self.done_until:
             self.done_until = horizon
@@ -641,16 +655,22 @@ class Shard(CollectiveExecution):
         """Let the compiled per-op engine run its events before ``limit``; act where it stopped."""
         ops = self.ops_core
         status = ops.run(limit, horizon)
-        if status == ST_BLOCK_DONE:
-            gpu, proxy, t = ops.block_done()
-            self.now = t
-            self._complete(gpu, proxy, t)
-        elif status == ST_RESUME:
-            gpu, t = ops.resumed()
-            self.now = t
-            self._maybe_resume(gpu)
-        elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
-            ops.stopped(status)
+        try:
+            if status == ST_BLOCK_DONE:
+                gpu, proxy, t = ops.block_done()
+                self.now = t
+                self._complete(gpu, proxy, t)
+            elif status == ST_RESUME:
+                gpu, t = ops.resumed()
+                self.now = t
+                self._maybe_resume(gpu)
+            elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
+                gpu, t = ops.resumed()
+                ops.stopped(status)
+        except EmulatorError as exc:
+            # the kernels stopped at a compute completion of that rank (OpCore.top_key: EV_OP_DONE)
+            at_event(exc, (t, EV_OP_DONE, gpu.rank))
+            raise
 
     def _failed(self, rank: int, t: int) -> bool:
         """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""
@@ -667,9 +687,23 @@ class Shard(CollectiveExecution):
         core = self.core
         status = core.run(limit, horizon)
         if status == COMPLETE:
-            self._core_completed()
+            gpu, op, t = core.finished()
+            self.now = t
+            try:
+                self._complete(gpu, op, t)
+            except EmulatorError as exc:  # a collective completes at its last channel's step (netkernels._step)
+                at_event(exc, (t, EV_STEP, gpu.rank))
+                raise
+            core.reset_if_idle()
         elif status == MISMATCH:
-            self._core_mismatch()
+            try:
+                self._core_mismatch()
+            except EmulatorError as exc:
+                # met at a handover to that rank or at one of its channel's steps (netkernels._mismatch):
+                # the kernels keep no event kind, so ties in time with another shard's error at a
+                # step of a lower rank are ordered as if it were a handover (kind 0)
+                at_event(exc, (int(core.st[RET_T]), EV_HANDOVER, int(core.st[RET_RANK])))
+                raise
         else:
             assert status in (0, GROW), status
 

@@ -16,12 +16,12 @@ from actors.peer import Mesh, PeerLost, PeerRounds
 from actors.shard_actor import decode_records, encode_records
 from emulator.config.schema import RunConfig
 from emulator.config.typed import from_dict
-from emulator.engine.coordinator import drive
+from emulator.engine.coordinator import drive, first_error
 from emulator.engine.placement import shard_layout
 from emulator.engine.result import export_shard
 from emulator.engine.settings import EngineSettings
 from emulator.engine.shard import Shard
-from emulator.errors import BackendError, OutOfMemoryError, ProgramError
+from emulator.errors import BackendError, EmulatorError, OutOfMemoryError, ProgramError
 from emulator.results.summary import summarize
 from netmodel.topology import Topology
 from tests.conftest import cluster_dict, run_program
@@ -58,7 +58,16 @@ class ThreadedDirectTransport:
         self._all(lambda i: self.peers[i].begin(self.objs[i].start()))
 
     def advance(self, budget_s: float, want_stats: bool):
-        replies = self._all(lambda i: self.peers[i].run(budget_s))
+        # as ShardPool.call: every shard's answer, then the first of their errors in event order
+        futures = [pool.submit(self.peers[i].run, budget_s) for i, pool in enumerate(self.threads)]
+        replies, errors = [], []
+        for f in futures:
+            try:
+                replies.append(f.result(timeout=60))  # a hang fails
+            except EmulatorError as exc:
+                errors.append(exc)
+        if errors:
+            raise first_error(errors)
         assert len({r["status"] for r in replies}) == 1
         return replies[0]["status"] == "done", replies[0]["counters"], [None] * self.shards
 
@@ -154,6 +163,27 @@ def test_a_shards_error_stops_every_shard_and_keeps_what_ran():
         run_direct(oom_on_shard, cluster, 2)
     assert str(direct.value) == str(driven.value)
     assert direct.value.partial_result is not None and direct.value.round_stats.rounds >= 2
+
+
+def two_ooms(gpu):
+    """Rank 0 (shard 0 of 2) runs out of memory after rank 2 (shard 1) does; no message crosses,
+    so both meet their error in the same (the only) round."""
+    if gpu.rank in (0, 2):
+        gpu.compute("work", duration_ns=2000 if gpu.rank == 0 else 1000)
+        gpu.alloc(1 << 50, "huge")
+    gpu.synchronize()
+
+
+def test_the_first_error_in_event_order_is_raised_not_the_lowest_shards():
+    cluster = cluster_dict(nodes=4, gpus=1)
+    with pytest.raises(OutOfMemoryError, match="on rank 2 at") as one:
+        run_program(two_ooms, cluster, shards=1)
+    with pytest.raises(OutOfMemoryError) as driven:
+        run_program(two_ooms, cluster, shards=2)
+    with pytest.raises(OutOfMemoryError) as direct:
+        run_direct(two_ooms, cluster, 2)
+    assert str(driven.value) == str(direct.value) == str(one.value)
+    assert driven.value.round_stats.rounds == 0  # the error's round (the first) is not counted
 
 
 def failing_program(gpu):

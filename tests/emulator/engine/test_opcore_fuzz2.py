@@ -12,9 +12,9 @@ compiled block's duration is also checked against its proxy's least duration dir
 What the fuzzing found is below, reduced, marked xfail(strict=True): none in the compiled engine
 (every finished run matched; every block lasted at least its bound), two of the multi-shard
 protocol, which both engines share: a failed run's partial results depend on the round
-boundaries, and errors met in one round are raised in shard order rather than in virtual-time
-order. (A third, interleaving with pipeline 1 passing the config, is fixed: tests/emulator/
-test_config.py.)
+boundaries, and errors met in one round were raised in shard order rather than in virtual-time
+order (fixed: coordinator.first_error). (A third, interleaving with pipeline 1 passing the
+config, is fixed: tests/emulator/test_config.py.)
 """
 
 from __future__ import annotations
@@ -227,14 +227,13 @@ def test_a_failed_run_on_several_shards_writes_the_one_shard_results(tmp_path):
     assert [one[1]["summary.json"][k] for k in keys] == [two[1]["summary.json"][k] for k in keys]
 
 
-@pytest.mark.xfail(strict=True, reason="coordinator: errors met in the same round are raised in shard order, not "
-                   "in virtual-time order, so a later OOM on a lower shard wins: on 1 shard 'rank 8 at t=7.041603 "
-                   "s', on 2 and 3 shards 'rank 0 at t=7.758094 s' (both engines alike)")  # fmt: skip
 @pytest.mark.parametrize("engine", ["python", "compiled"])
 def test_the_first_error_in_virtual_time_is_the_one_reported_on_any_shard_count(engine, tmp_path):
     """Two data-parallel replicas, one per node and per shard, run out of memory at the same point of
-    their programs; replica 0's GPUs are slower, so replica 1 (ranks 8-15, shard 1) gets there first."""
+    their programs; replica 0's GPUs are slower, so replica 1 (ranks 8-15, shard 1) gets there first.
+    Both shards meet their OOM in the same round: the later one, on shard 0, used to win (shard
+    order: 'rank 0 at t=7.758094 s'); the first in event order does (coordinator.first_error)."""
     overrides = [*FAILING, "faults.slow_gpu=[{ranks: [0, 1, 2, 3, 4, 5, 6, 7], factor: 0.9}]"]
-    errors = [run_dir(BASE, overrides, engine, tmp_path / str(shards), shards, "none")[0] for shards in (1, 2)]
+    errors = [run_dir(BASE, overrides, engine, tmp_path / str(shards), shards, "none")[0] for shards in (1, 2, 3)]
     assert errors[0] is not None and "on rank 8 at t=7.041603 s" in errors[0][1]
-    assert errors[1] == errors[0]
+    assert errors[1] == errors[0] and errors[2] == errors[0]
