@@ -372,6 +372,20 @@ def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
     g[G_RET_OP] = op
 
 
+@njit(cache=True, inline="always")
+def _queue_c(rs, ops, ri, op):
+    """Shard.launch's queueing of a block op on the rank's compute stream (a compute op, an alloc
+    or a free): the stream's tail, the last compute-stream op the next collective waits for, and
+    the rank's outstanding count (inlined: the launch loop's hot path)."""
+    if rs[ri, R_CTAIL] >= 0 and rs[ri, R_CHEAD] >= 0:
+        ops[rs[ri, R_CTAIL], O_NEXT] = op
+    else:
+        rs[ri, R_CHEAD] = op
+    rs[ri, R_CTAIL] = op
+    rs[ri, R_LASTC] = op
+    rs[ri, R_OUT] += 1
+
+
 @njit(cache=True)
 def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
@@ -400,13 +414,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
             ops[op, O_LOST] = ti[row, 2]
             if pos == n - 1:
                 ops[op, O_LAST] = 1
-            if rs[ri, R_CTAIL] >= 0 and rs[ri, R_CHEAD] >= 0:
-                ops[rs[ri, R_CTAIL], O_NEXT] = op
-            else:
-                rs[ri, R_CHEAD] = op
-            rs[ri, R_CTAIL] = op
-            rs[ri, R_LASTC] = op
-            rs[ri, R_OUT] += 1
+            _queue_c(rs, ops, ri, op)
             if rs[ri, R_CHEAD] == op:
                 status = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
                 if status != ST_LIMIT:  # (the program runs: never ST_IRESUME here)
@@ -423,13 +431,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
                 if ops[dep, O_STATE] != S_DONE:
                     _add_dep(ops, g, op, dep)
             rs[ri, R_NWAIT] = 0
-            if rs[ri, R_CTAIL] >= 0 and rs[ri, R_CHEAD] >= 0:
-                ops[rs[ri, R_CTAIL], O_NEXT] = op
-            else:
-                rs[ri, R_CHEAD] = op
-            rs[ri, R_CTAIL] = op
-            rs[ri, R_LASTC] = op
-            rs[ri, R_OUT] += 1
+            _queue_c(rs, ops, ri, op)
             if rs[ri, R_CHEAD] == op:
                 _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
         else:
