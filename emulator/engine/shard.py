@@ -27,16 +27,18 @@ import time
 from greenlet import greenlet
 
 from emulator.engine.api import GPU, Group
-from emulator.engine.collective_run import Chan, CollectiveExecution
+from emulator.engine.collective_run import CollectiveExecution
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF, START, at_event
 from emulator.engine.faults import ComputeFaults, Failures
 from emulator.engine.folding import is_representative
+from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RET_RANK, RET_T
 from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
+from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.vgpu import VirtualGPU, oom_message
@@ -48,7 +50,7 @@ from netmodel.collectives.analytic import ANALYTIC
 from netmodel.links import LinkModel
 
 
-class Shard(CollectiveExecution):
+class Shard(PointToPoint, CollectiveExecution):
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
     def __init__(self, topo, ranks, rank_shard, index, program, settings: EngineSettings, program_args=None,
@@ -447,97 +449,6 @@ class Shard(CollectiveExecution):
         gpu.seq += 1
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
 
-    # -- messages ------------------------------------------------------------------------------
-    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int | None:
-        """Put a message on the sender's up-links at ``t``; returns when its tail has left, or None
-        when a link of its route is down (the message is lost: its sender never sees it leave)."""
-        src = gpu.rank
-        route = self.topo.route(src, dst)
-        sent = self.links.send(route, size, t)
-        if sent is None:
-            return None
-        start, end_up = sent
-        mseq = self.mseq
-        seq = mseq[src] + 1
-        mseq[src] = seq
-        # a representative's message stands for ``fold`` identical ones on the other rails
-        self.stats.messages(route.tier, size, kind, start, self.fold, end_up)
-        record = (start + route.latency_ns, dst, src, seq, size, end_up, *key_head, sig)
-        shard = self.rank_shard[dst]
-        if shard == self.index:
-            heapq.heappush(self.heap, (record[0], EV_HANDOVER, dst, src, seq, record))
-        else:
-            self.outbox.setdefault(shard, []).append(record)
-        return end_up
-
-    def deliver(self, records) -> None:
-        """Accept cross-shard messages (all stamped at or after the current horizon)."""
-        push = heapq.heappush
-        collective = []
-        for rec in records:
-            rec = tuple(rec)
-            # the round protocol's promise: nothing arrives stamped before what was already processed
-            assert rec[0] >= self.done_until, (rec[0], self.done_until, self.index)
-            if rec[6] and self.compiled:  # a collective's message (group id != 0): the core's
-                collective.append(rec)
-            else:
-                push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
-        if collective:
-            self.core.deliver(collective)
-
-    def _handover(self, rec: tuple, t: int) -> None:
-        _, dst, src, _, size, end_up, gid, seq, chan, k, sig = rec
-        delivery = self.links.receive(self.topo.route(src, dst), size, t, end_up)
-        if delivery is None:
-            return  # a link of its route went down before it was delivered: lost
-        gpu = self.gpus[dst]
-        key = (gid, seq, chan, src, k)
-        waiter = gpu.waiters.pop(key, None)
-        if waiter is None:
-            gpu.mailbox[key] = (delivery, size, sig)
-        elif type(waiter) is Chan:
-            self._check_sig(gpu, waiter.run, src, sig, t)
-            waiter.pending -= 1
-            if delivery > waiter.t_end:
-                waiter.t_end = delivery
-            if waiter.pending == 0:
-                self._push(waiter.t_end, EV_STEP, gpu, waiter)
-        else:
-            self._check_recv(gpu, waiter, src, size)
-            self._push(max(delivery, waiter.t_start), EV_OP_DONE, gpu, waiter)
-
-    def _start_send(self, gpu: VirtualGPU, op: Op, t: int) -> None:
-        dst, size, tag = op.a, op.b, op.c
-        k = gpu.p2p_send.get((dst, tag), 0)
-        gpu.p2p_send[(dst, tag)] = k + 1
-        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
-        if end is not None:  # else lost to a failure: the send never ends
-            self._push(end, EV_OP_DONE, gpu, op)
-
-    def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
-        """Returns True if the receive waits (its completion is an event)."""
-        src, _size, tag = op.a, op.b, op.c
-        k = gpu.p2p_recv.get((src, tag), 0)
-        gpu.p2p_recv[(src, tag)] = k + 1
-        key = (0, tag, 0, src, k)
-        msg = gpu.mailbox.pop(key, None)
-        if msg is None:
-            gpu.waiters[key] = op
-            return True
-        self._check_recv(gpu, op, src, msg[1])
-        if msg[0] > t:
-            self._push(msg[0], EV_OP_DONE, gpu, op)
-            return True
-        self._complete(gpu, op, t, start_next=False)
-        return False
-
-    def _check_recv(self, gpu: VirtualGPU, op: Op, src: int, size: int) -> None:
-        if size != op.b:
-            raise ProgramError(
-                f"rank {gpu.rank}: {op.name} matched a send of {size} B from rank {src} "
-                f"at t={self.now} ns (sizes must be equal)"
-            )
-
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
@@ -714,111 +625,8 @@ class Shard(CollectiveExecution):
         self.core.reset_if_idle()
 
     def live_stats(self, hot_links: int = 5, recent_iterations: int = 4, slow_ranks: int = 5) -> dict:
-        """Progress figures for live monitoring, O(ranks + links): plain ints and lists only.
-
-        Per pipeline stage (``rank // (world / parallel.pipeline)`` for a model run, else one stage
-        0): ranks, summed compute / communication / idle ns (idle = a rank's latest op end minus its
-        compute time), peak memory, memory in use now (the fullest rank) and the largest share of a
-        rank's capacity in use now. ``marks_hist`` is ``[[marks, ranks], ...]``;
-        ``iteration_ends_ns`` gives ``[k, end]`` for the shard's last completed iterations (end = the
-        latest rank's k-th mark); ``hot_links`` the ``hot_links`` busiest links it owns *in each
-        tier* as ``[link, bytes, busy_ns, queued_ns]``; ``tier_queued_ns`` / ``tier_queued_messages``
-        the time messages waited for a busy link; ``collective_ns`` ``{kind: [ns, calls]}`` summed
-        over members; ``behind`` the unfinished ranks whose latest operation ended earliest and
-        ``busiest`` the ranks with the most compute, as ``[rank, ns]``; ``compiling`` whether the
-        compiled collective engine is still being loaded or compiled. Faults (emulator/engine/faults.py):
-        ``compute_lost_ns`` the compute the GPU faults added (charged minus nominal, all hosted
-        ranks), ``stragglers`` the ranks that lost the most as ``[rank, compute ns, lost ns]``,
-        ``slow_links`` ``[busy ns, nominal ns]`` per ``faults.slow_link`` entry
-        (LinkModel.slow_link_busy).
-        """
-        from emulator.engine.netcore import kernels_compiling
-
-        topo, stats, core = self.topo, self.stats, self.core
-        stats.flush()
-        gpus = list(self.gpus.values())
-        stages = self.settings.pipeline
-        stage_size = max(1, topo.world_size // stages)
-        ranks, compute, comm, idle, peak, used = ([0] * stages for _ in range(6))
-        used_ratio = [0.0] * stages
-        marks: dict[int, int] = {}
-        finished = ops_done = outstanding = 0
-        flops = 0.0
-        fold = self.fold  # a representative counts for its whole folded group
-        for g in gpus:
-            s = min(g.rank // stage_size, stages - 1)
-            ranks[s] += fold
-            compute[s] += g.compute_ns * fold
-            comm[s] += g.comm_ns * fold
-            idle[s] += max(0, g.last_time - g.compute_ns) * fold
-            if g.mem_peak > peak[s]:
-                peak[s] = g.mem_peak
-            if g.mem_used > used[s]:
-                used[s] = g.mem_used
-            if g.mem_used > used_ratio[s] * g.capacity_bytes:
-                used_ratio[s] = g.mem_used / g.capacity_bytes
-            n = len(g.marks)
-            marks[n] = marks.get(n, 0) + fold
-            finished += (g.finished and g.outstanding == 0) * fold
-            ops_done += g.ops_done
-            outstanding += g.outstanding
-            flops += g.flops_done
-        done = min(marks, default=0)
-        ends = [[k, max([g.marks[k] for g in gpus])] for k in range(max(0, done - recent_iterations), done)]
-        running = [g for g in gpus if not (g.finished and g.outstanding == 0)]
-        behind = heapq.nsmallest(slow_ranks, running, key=lambda g: (g.last_time, g.rank))
-        busiest = heapq.nsmallest(slow_ranks, gpus, key=lambda g: (-g.compute_ns, g.rank))
-        lost = [(r, ns) for r, ns in self.compute_lost_ns.items() if ns > 0]
-        stragglers = heapq.nsmallest(slow_ranks, lost, key=lambda pair: (-pair[1], pair[0]))
-        busy_ns, queued_ns = stats.link_busy_ns, self.links.queued_ns
-        tiers = len(topo.tier_names)
-        tier_busy, tier_queued, tier_waits = [0] * tiers, [0] * tiers, [0] * tiers
-        for tier, busy, q, w in zip(topo.link_tier, busy_ns, queued_ns, self.links.queued_messages, strict=True):
-            f = 1 if tier == 0 else fold  # rails are replicated at the end
-            tier_busy[tier] += busy * f
-            tier_queued[tier] += q * f
-            tier_waits[tier] += w * f
-        by_tier = getattr(self, "_live_tier_links", None)
-        if by_tier is None:  # the links of each tier, once
-            by_tier = self._live_tier_links = [[] for _ in range(tiers)]
-            for link, tier in enumerate(topo.link_tier):
-                by_tier[tier].append(link)
-        # busiest first, lower link index first among equals
-        hot = [i for links in by_tier for i in heapq.nsmallest(hot_links, links, key=lambda i: (-busy_ns[i], i))]
-        return {
-            "shard": self.index,
-            "events": self.events,
-            "now_ns": self.now,
-            "iterations_done": done,
-            "tier_bytes": list(stats.tier_bytes),
-            "tier_messages": list(stats.tier_messages),
-            "ranks_finished": finished,
-            "ranks": len(self.gpus) * fold,
-            "marks_hist": sorted([n, c] for n, c in marks.items()),
-            "iteration_ends_ns": ends,
-            "tier_busy_ns": tier_busy,
-            "tier_queued_ns": tier_queued,
-            "tier_queued_messages": tier_waits,
-            "tier_size_hist": [sorted([b, c] for b, c in h.items()) for h in stats.size_hist],
-            "stage_ranks": ranks,
-            "stage_compute_ns": compute,
-            "stage_comm_ns": comm,
-            "stage_idle_ns": idle,
-            "stage_peak_memory_bytes": peak,
-            "stage_memory_bytes": used,
-            "stage_memory_ratio": used_ratio,
-            "hot_links": [[i, stats.link_bytes[i], busy_ns[i], queued_ns[i]] for i in hot if busy_ns[i]],
-            "collective_ns": {kind: [ns * fold, n * fold] for kind, (ns, n) in sorted(core.collective_ns.items())},
-            "ops_done": ops_done * fold,
-            "ops_outstanding": outstanding * fold,
-            "flops_done": flops * fold,
-            "behind": [[g.rank, g.last_time] for g in behind],
-            "busiest": [[g.rank, g.compute_ns] for g in busiest],
-            "compiling": kernels_compiling(),
-            "compute_lost_ns": sum(self.compute_lost_ns.values()),
-            "stragglers": [[r, self.gpus[r].compute_ns, lost] for r, lost in stragglers],
-            "slow_links": self.links.slow_link_busy(topo, self.now, fold) if topo.slow_links else [],
-        }
+        """Progress figures for live monitoring (emulator/engine/live_figures.py)."""
+        return live_stats(self, hot_links, recent_iterations, slow_ranks)
 
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""

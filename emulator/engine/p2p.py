@@ -1,0 +1,110 @@
+"""Point-to-point messages of a shard: a message put on the sender's up-links, handed over to its
+receiver after the route's latency (in this shard's heap, or through another shard's inbound
+batch), and matched there with a pipeline receive or a collective's channel waiting for it.
+:class:`PointToPoint` is part of :class:`~emulator.engine.shard.Shard` (as collective_run's
+CollectiveExecution is), kept apart so that the event loop reads on its own; the compiled message
+core (netcore.py) takes collective messages where it applies."""
+
+from __future__ import annotations
+
+import heapq
+
+from emulator.engine.collective_run import Chan
+from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP
+from emulator.engine.ops import Op
+from emulator.engine.vgpu import VirtualGPU
+from emulator.errors import ProgramError
+
+
+class PointToPoint:
+    """The message methods of Shard (its links, topology, heap, outbox and GPUs)."""
+
+    def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int | None:
+        """Put a message on the sender's up-links at ``t``; returns when its tail has left, or None
+        when a link of its route is down (the message is lost: its sender never sees it leave)."""
+        src = gpu.rank
+        route = self.topo.route(src, dst)
+        sent = self.links.send(route, size, t)
+        if sent is None:
+            return None
+        start, end_up = sent
+        mseq = self.mseq
+        seq = mseq[src] + 1
+        mseq[src] = seq
+        # a representative's message stands for ``fold`` identical ones on the other rails
+        self.stats.messages(route.tier, size, kind, start, self.fold, end_up)
+        record = (start + route.latency_ns, dst, src, seq, size, end_up, *key_head, sig)
+        shard = self.rank_shard[dst]
+        if shard == self.index:
+            heapq.heappush(self.heap, (record[0], EV_HANDOVER, dst, src, seq, record))
+        else:
+            self.outbox.setdefault(shard, []).append(record)
+        return end_up
+
+    def deliver(self, records) -> None:
+        """Accept cross-shard messages (all stamped at or after the current horizon)."""
+        push = heapq.heappush
+        collective = []
+        for rec in records:
+            rec = tuple(rec)
+            # the round protocol's promise: nothing arrives stamped before what was already processed
+            assert rec[0] >= self.done_until, (rec[0], self.done_until, self.index)
+            if rec[6] and self.compiled:  # a collective's message (group id != 0): the core's
+                collective.append(rec)
+            else:
+                push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
+        if collective:
+            self.core.deliver(collective)
+
+    def _handover(self, rec: tuple, t: int) -> None:
+        _, dst, src, _, size, end_up, gid, seq, chan, k, sig = rec
+        delivery = self.links.receive(self.topo.route(src, dst), size, t, end_up)
+        if delivery is None:
+            return  # a link of its route went down before it was delivered: lost
+        gpu = self.gpus[dst]
+        key = (gid, seq, chan, src, k)
+        waiter = gpu.waiters.pop(key, None)
+        if waiter is None:
+            gpu.mailbox[key] = (delivery, size, sig)
+        elif type(waiter) is Chan:
+            self._check_sig(gpu, waiter.run, src, sig, t)
+            waiter.pending -= 1
+            if delivery > waiter.t_end:
+                waiter.t_end = delivery
+            if waiter.pending == 0:
+                self._push(waiter.t_end, EV_STEP, gpu, waiter)
+        else:
+            self._check_recv(gpu, waiter, src, size)
+            self._push(max(delivery, waiter.t_start), EV_OP_DONE, gpu, waiter)
+
+    def _start_send(self, gpu: VirtualGPU, op: Op, t: int) -> None:
+        dst, size, tag = op.a, op.b, op.c
+        k = gpu.p2p_send.get((dst, tag), 0)
+        gpu.p2p_send[(dst, tag)] = k + 1
+        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
+        if end is not None:  # else lost to a failure: the send never ends
+            self._push(end, EV_OP_DONE, gpu, op)
+
+    def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
+        """Returns True if the receive waits (its completion is an event)."""
+        src, _size, tag = op.a, op.b, op.c
+        k = gpu.p2p_recv.get((src, tag), 0)
+        gpu.p2p_recv[(src, tag)] = k + 1
+        key = (0, tag, 0, src, k)
+        msg = gpu.mailbox.pop(key, None)
+        if msg is None:
+            gpu.waiters[key] = op
+            return True
+        self._check_recv(gpu, op, src, msg[1])
+        if msg[0] > t:
+            self._push(msg[0], EV_OP_DONE, gpu, op)
+            return True
+        self._complete(gpu, op, t, start_next=False)
+        return False
+
+    def _check_recv(self, gpu: VirtualGPU, op: Op, src: int, size: int) -> None:
+        if size != op.b:
+            raise ProgramError(
+                f"rank {gpu.rank}: {op.name} matched a send of {size} B from rank {src} "
+                f"at t={self.now} ns (sizes must be equal)"
+            )
