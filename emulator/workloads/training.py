@@ -137,26 +137,19 @@ def training_program(config):
 
         blocks: dict[int, list] = {}  # id(segments) -> its block, checked once (segments outlive the program)
 
-        def run_segments(segments, suffix: str) -> None:
+        def prepared(segments) -> list:
             block = blocks.get(id(segments))
             if block is None:
                 block = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
-            launch_prepared(gpu, block, suffix)
+            return block
 
-        repeated: dict[tuple, list | None] = {}  # (id(segments), layers) -> their blocks as one, or None
+        def run_segments(segments, suffix: str) -> None:
+            launch_prepared(gpu, prepared(segments), suffix)
 
         def run_layers(segments, layers: int, suffix: str) -> bool:
             """``layers`` layers of ``segments`` back to back, launched as one block (the same ops as
             ``layers`` run_segments calls; tensor_parallel.repeat_prepared); False when they cannot be."""
-            if layers < 2:
-                return False
-            key = (id(segments), layers)
-            block = repeated.get(key, False)
-            if block is False:
-                one = blocks.get(id(segments))
-                if one is None:
-                    one = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
-                block = repeated[key] = repeat_prepared(one, layers)
+            block = join_layers(segments, layers) if layers >= 2 else None
             if block is None:
                 return False
             launch_prepared(gpu, block, suffix)
@@ -173,9 +166,7 @@ def training_program(config):
             key = (id(segments), layers, around, before, after)
             block = joined.get(key, False)
             if block is False:
-                one = blocks.get(id(segments))
-                if one is None:
-                    one = blocks[id(segments)] = prepare_segments(gpu, segments, tp_group, groups)
+                one = prepared(segments)
                 body = repeat_prepared([around[0], *one, around[1]] if around else one, layers)
                 block = joined[key] = None if body is None else [*before, *body, *after]
             return block
