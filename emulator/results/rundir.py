@@ -90,6 +90,10 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
         if name == "timeline" and tables.csv_plain(topo.tier_names):
             # timeline.csv, the long one: its values are ints, floats and the tier names, which the
             # csv module writes as str does; formatted from the columns (tables.TimelineColumns)
+            lines = timeline.csv_bytes() if all(map(str.isascii, topo.tier_names)) else None
+            if lines is not None:  # ASCII: the bytes any ASCII-compatible encoding of the text would have
+                (out / "timeline.csv").write_bytes(",".join(columns).encode() + b"\r\n" + lines)
+                continue
             with (out / "timeline.csv").open("w", newline="") as f:
                 f.write(",".join(columns) + "\r\n")
                 f.write(timeline.csv_lines())

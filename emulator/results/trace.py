@@ -19,8 +19,11 @@ from json.encoder import encode_basestring_ascii as _quote
 from operator import add, itemgetter
 from pathlib import Path
 
+import numpy as np
+
 from emulator.engine.ops import KIND_NAMES
 from emulator.engine.result import RunResult
+from emulator.results.textrows import INT, RowText
 from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
@@ -65,9 +68,10 @@ def trace_event_texts(result: RunResult, topo, timeline=None) -> Iterator[str]:
     return chain.from_iterable(_trace_chunks(result, topo, timeline))
 
 
-def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
+def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> Iterator[list[str]]:
     """The event texts of :func:`trace_event_texts` in lists (a rank's operations, a tier's counters):
-    :func:`write_trace` joins each list in one call instead of resuming a generator per event.
+    :func:`write_trace` joins each list in one call instead of resuming a generator per event
+    (``joined``: the counters may come as one text, the events already joined by commas).
 
     The per-operation texts are built from cached parts, because the texts repeat: the traced ranks
     repeat few names (each layer's kernels carry the same name in every microbatch and on every
@@ -124,7 +128,7 @@ def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
         pid = topo.num_nodes  # after the nodes
         yield [_compact({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network"}}),
                _compact({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})]
-        yield from _counter_chunks(timeline, pid)
+        yield from _counter_chunks(timeline, pid, joined)
 
 
 class _NameCat(dict):
@@ -140,13 +144,18 @@ class _NameCat(dict):
         return text
 
 
-def _counter_chunks(timeline, pid: int) -> Iterator[list[str]]:
+def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[str]]:
     """One counter per tier: utilisation at each bucket start, back to 0 after a bucket without
     traffic. ``timeline``: rows (dicts) or TimelineColumns; each timestamp and value is formatted
-    once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts)."""
+    once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts).
+    ``joined``: every counter event in one text, joined by commas, where :func:`_counter_text` can."""
     from emulator.results.tables import TimelineColumns, pick
 
     cols = timeline if isinstance(timeline, TimelineColumns) else TimelineColumns.from_rows(timeline)
+    fast = _counter_text(cols, pid) if joined else None
+    if fast is not None:
+        yield [fast]
+        return
     start_us, end_us = cols.second_texts(_number, scale=1e6)
     value_text = cols.utilisation_texts(_number)
     for tier, index in cols.tier_runs():
@@ -163,6 +172,48 @@ def _counter_chunks(timeline, pid: int) -> Iterator[list[str]]:
             out.append(f'{head}{ends[i]},"args":{{"utilisation":0}}}}')
             done = i + 1
         yield out
+
+
+def _counter_text(cols, pid: int) -> str | None:
+    """The events of :func:`_counter_chunks`, joined by commas, formatted by one compiled loop
+    (emulator/results/textrows.py); None where a column is not all ints or all floats."""
+    from emulator.results.tables import TEXT, decimal_cells, float_array, int_array
+
+    buckets, starts, ends = int_array(cols.bucket), float_array(cols.start_s), float_array(cols.end_s)
+    values = float_array(cols.utilisation)
+    if buckets is None or starts is None or ends is None or values is None:
+        return None
+    texts: list[str] = []
+    parts = []
+    for tier, index in cols.tier_runs():
+        rows = np.arange(len(buckets))[index] if isinstance(index, slice) else np.array(index, dtype=np.int64)
+        b = buckets[rows]
+        # a bucket not followed by the next one: the counter drops to 0 at its end, in a row of its own
+        gaps = np.append(np.flatnonzero(b[1:] != b[:-1] + 1), len(rows) - 1)
+        at = np.arange(len(rows)) + np.searchsorted(gaps, np.arange(len(rows)), side="left")
+        table = np.zeros((len(rows) + len(gaps), 3), dtype=np.int64)
+        kinds = np.zeros_like(table)
+        table[:, 0] = len(texts)
+        kinds[:, 0] = TEXT
+        texts.append(f'{{"ph":"C","name":{_quote(f"utilisation {tier}")},"pid":{pid},"ts":')
+        ts_k, ts_kind = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
+        # the products start_s * 1e6 in IEEE arithmetic, as Python's float * float
+        decimal_cells(starts[rows] * 1e6, 3, ts_k, ts_kind, texts, _number)
+        table[at, 1], kinds[at, 1] = ts_k, ts_kind
+        decimal_cells(values[rows], 6, ts_k, ts_kind, texts, _number)
+        table[at, 2], kinds[at, 2] = ts_k, ts_kind
+        zero = gaps + np.arange(1, len(gaps) + 1)  # row g's drop follows it
+        ts_k, ts_kind = ts_k[:len(gaps)], ts_kind[:len(gaps)]
+        decimal_cells(ends[rows[gaps]] * 1e6, 3, ts_k, ts_kind, texts, _number)
+        table[zero, 1], kinds[zero, 1] = ts_k, ts_kind
+        table[zero, 2], kinds[zero, 2] = 0, INT
+        parts.append((table, kinds))
+    table = np.concatenate([t for t, _ in parts])
+    kinds = np.concatenate([k for _, k in parts])
+    return _COUNTER_ROWS.format(table, kinds, texts).decode()
+
+
+_COUNTER_ROWS = RowText(["", "", ',"args":{"utilisation":', "}}"], ",")
 
 
 def _compact(value) -> str:
@@ -196,7 +247,7 @@ def write_trace(path: Path, result: RunResult, topo, timeline=None,
     with path.open("w") as f:
         f.write('{"traceEvents":[')
         sep = ""
-        for chunk in _trace_chunks(result, topo, timeline):
+        for chunk in _trace_chunks(result, topo, timeline, joined=True):
             if chunk:  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
                 f.write(sep)
                 f.write(",".join(chunk))
