@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import groupby
 
 import numpy as np
 
@@ -214,13 +213,19 @@ class TimelineColumns:
     def tier_runs(self) -> list[tuple[str, slice | list[int]]]:
         """``(tier, rows)`` per tier in order of first appearance; ``rows`` a slice when the tier's rows
         are contiguous (always, from :func:`timeline_columns`), else a list of row numbers."""
+        if "tier_runs" in self._texts:
+            return self._texts["tier_runs"]
         runs: list[tuple[str, slice]] = []
-        i = 0
-        for tier, group in groupby(self.tier):
-            n = sum(1 for _ in group)
-            runs.append((tier, slice(i, i + n)))
-            i += n
-        if len({tier for tier, _ in runs}) == len(runs):
+        i, n = 0, len(self.tier)
+        while i < n:  # each tier's rows counted in C: contiguous when all of them follow its first
+            tier = self.tier[i]
+            count = self.tier.count(tier)
+            if self.tier[i:i + count].count(tier) != count:
+                break
+            runs.append((tier, slice(i, i + count)))
+            i += count
+        else:
+            self._texts["tier_runs"] = runs
             return runs
         order: dict[str, list[int]] = {}
         for i, tier in enumerate(self.tier):
@@ -272,13 +277,23 @@ class TimelineColumns:
             self.utilisation_texts(str), strict=True)])  # fmt: skip
 
 
+    def array(self, column: str) -> np.ndarray | None:
+        """``column`` as a numpy array (int64 for ints, float64 for floats; :func:`int_array`,
+        :func:`float_array`), converted once; None where it is neither all ints nor all floats."""
+        key = ("array", column)
+        if key not in self._texts:
+            values = getattr(self, column)
+            self._texts[key] = int_array(values) if values and type(values[0]) is int else float_array(values)
+        return self._texts[key]
+
     def csv_bytes(self) -> bytes | None:
         """:meth:`csv_lines` as UTF-8, formatted by one compiled loop (emulator/results/textrows.py);
         None where a column holds other than ints in int64's range or floats (bool, None, a str)."""
         n = len(self.bucket)
-        ints = [int_array(c) for c in (self.bucket, self.message_bytes, self.link_bytes)]
-        floats = [float_array(c) for c in (self.start_s, self.end_s, self.utilisation)]
-        if any(c is None for c in ints + floats) or any(len(c) != n for c in ints + floats) or len(self.tier) != n:
+        ints = [self.array(c) for c in ("bucket", "message_bytes", "link_bytes")]
+        floats = [self.array(c) for c in ("start_s", "end_s", "utilisation")]
+        if any(c is None or c.dtype != np.int64 or len(c) != n for c in ints) or len(self.tier) != n \
+                or any(c is None or c.dtype != np.float64 or len(c) != n for c in floats):  # fmt: skip
             return None
         texts: list[str] = []
         values = np.empty((n, 7), dtype=np.int64)

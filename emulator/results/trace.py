@@ -177,11 +177,11 @@ def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[s
 def _counter_text(cols, pid: int) -> str | None:
     """The events of :func:`_counter_chunks`, joined by commas, formatted by one compiled loop
     (emulator/results/textrows.py); None where a column is not all ints or all floats."""
-    from emulator.results.tables import TEXT, decimal_cells, float_array, int_array
+    from emulator.results.tables import TEXT, decimal_cells
 
-    buckets, starts, ends = int_array(cols.bucket), float_array(cols.start_s), float_array(cols.end_s)
-    values = float_array(cols.utilisation)
-    if buckets is None or starts is None or ends is None or values is None:
+    buckets, starts, ends, values = map(cols.array, ("bucket", "start_s", "end_s", "utilisation"))
+    if buckets is None or buckets.dtype != np.int64 or any(c is None or c.dtype != np.float64
+                                                          for c in (starts, ends, values)):  # fmt: skip
         return None
     texts: list[str] = []
     parts = []
