@@ -220,7 +220,7 @@ class TimelineColumns:
         while i < n:  # each tier's rows counted in C: contiguous when all of them follow its first
             tier = self.tier[i]
             count = self.tier.count(tier)
-            if self.tier[i:i + count].count(tier) != count:
+            if not count or self.tier[i:i + count].count(tier) != count:
                 break
             runs.append((tier, slice(i, i + count)))
             i += count
