@@ -418,6 +418,9 @@ def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> Timel
     tiers = len(topo.tier_names)
     cap = sender_capacity_bytes_per_ns(topo, ends)
     bucket_ns = result.bucket_ns
+    out = _timeline_arrays(result, topo, cap)
+    if out is not None:
+        return out
     out = TimelineColumns([], [], [], [], [], [], [])
     for tier in range(tiers):
         # the scale-up tier carries only its own messages; switch tier k carries those of tiers >= k
@@ -444,6 +447,77 @@ def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> Timel
         else:
             out.start_s = [slot * bucket_ns / 1e9 for slot in out.bucket]
             out.end_s = [(slot + 1) * bucket_ns / 1e9 for slot in out.bucket]
+    return out
+
+
+_INT64_SAFE = 2.0**62  # a sum of int64 byte counts below this cannot overflow
+
+
+def _line_arrays(line: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """A tier's ``slot -> bytes`` as int64 arrays sorted by slot; None unless all are ints that fit."""
+    if not (set(map(type, line)) | set(map(type, line.values()))) <= {int}:
+        return None
+    try:
+        slots = np.fromiter(line, dtype=np.int64, count=len(line))
+        nbytes = np.fromiter(line.values(), dtype=np.int64, count=len(line))
+    except OverflowError:
+        return None
+    order = np.argsort(slots, kind="stable")
+    return slots[order], nbytes[order]
+
+
+def _timeline_arrays(result: RunResult, topo, cap: list[float]) -> TimelineColumns | None:
+    """:func:`timeline_columns` by numpy over the slots (sorted, summed per slot over the tiers a
+    switch tier carries): the same ints and floats, and the columns' arrays kept for the writers
+    (:meth:`TimelineColumns.array`); None where the Python statement must run (a count that is not
+    an int, an int or a sum beyond int64, a run whose buckets are too sparse for ``seconds``)."""
+    tiers = len(topo.tier_names)
+    lines = [_line_arrays(line) for line in result.timeline[:tiers]]
+    if len(lines) < tiers or any(line is None for line in lines):
+        return None
+    if sum(float(np.abs(nbytes).astype(np.float64).sum()) for _, nbytes in lines) >= _INT64_SAFE:
+        return None
+    bucket_ns = result.bucket_ns
+    names, buckets, messages, carried, utilisation = [], [], [], [], []
+    for tier in range(tiers):
+        own_slots, own_bytes = lines[tier]
+        if tier:  # switch tier k carries the messages of tiers >= k: summed per slot
+            slots = np.concatenate([lines[t][0] for t in range(tier, tiers)])
+            nbytes = np.concatenate([lines[t][1] for t in range(tier, tiers)])
+            order = np.argsort(slots, kind="stable")
+            slots, nbytes = slots[order], nbytes[order]
+            first = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1]))) if len(slots) else slots
+            slots, link = slots[first], np.add.reduceat(nbytes, first) if len(first) else nbytes
+            at = np.searchsorted(own_slots, slots)
+            hit = at < len(own_slots)
+            hit[hit] = own_slots[at[hit]] == slots[hit]
+            message = np.zeros(len(slots), dtype=np.int64)
+            message[hit] = own_bytes[at[hit]]
+        else:  # the scale-up tier carries only its own messages
+            slots, link, message = own_slots, own_bytes, own_bytes
+        capacity = cap[tier] * bucket_ns  # bytes the tier's sender side can carry in a bucket
+        link_list = link.tolist()
+        names += [topo.tier_names[tier]] * len(slots)
+        buckets.append(slots)
+        messages.append(message)
+        carried.append(link)
+        utilisation += round6(link_list, capacity) if capacity else [0.0] * len(link_list)
+    bucket = np.concatenate(buckets)
+    if not len(bucket):
+        return TimelineColumns([], [], [], [], [], [], [])
+    first, last = int(bucket.min()), int(bucket.max()) + 1
+    if last - first > 4 * len(bucket):
+        return None
+    values = bucket_seconds(first, last, bucket_ns)
+    seconds = np.array(values, dtype=np.float64)
+    offset = bucket - first
+    start, end = seconds[offset], seconds[offset + 1]
+    message, link = np.concatenate(messages), np.concatenate(carried)
+    out = TimelineColumns(names, bucket.tolist(), start.tolist(), end.tolist(), message.tolist(), link.tolist(),
+                          utilisation, seconds=(first, values))  # fmt: skip
+    for column, array in (("bucket", bucket), ("start_s", start), ("end_s", end), ("message_bytes", message),
+                          ("link_bytes", link)):  # fmt: skip
+        out._texts[("array", column)] = array
     return out
 
 
