@@ -112,7 +112,9 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
             # csv module writes as str does; formatted from the columns (tables.TimelineColumns)
             lines = timeline.csv_bytes() if all(map(str.isascii, topo.tier_names)) else None
             if lines is not None:  # ASCII: the bytes any ASCII-compatible encoding of the text would have
-                (out / "timeline.csv").write_bytes(",".join(columns).encode() + b"\r\n" + lines)
+                with (out / "timeline.csv").open("wb") as f:
+                    f.write(",".join(columns).encode() + b"\r\n")
+                    f.write(lines)
                 continue
             with (out / "timeline.csv").open("w", newline="") as f:
                 f.write(",".join(columns) + "\r\n")

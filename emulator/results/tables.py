@@ -270,7 +270,7 @@ class TimelineColumns:
         (:func:`csv_plain`): ints by ``str``, floats by ``repr`` (which is their ``str``)."""
         fast = self.csv_bytes()
         if fast is not None:
-            return fast.decode()
+            return fast.tobytes().decode()
         starts, ends = self.second_texts(str)
         return "".join([f"{t},{b},{s},{e},{m},{lb},{u}\r\n" for t, b, s, e, m, lb, u in zip(
             self.tier, self.bucket, starts, ends, self.message_bytes, self.link_bytes,
@@ -286,9 +286,10 @@ class TimelineColumns:
             self._texts[key] = int_array(values) if values and type(values[0]) is int else float_array(values)
         return self._texts[key]
 
-    def csv_bytes(self) -> bytes | None:
-        """:meth:`csv_lines` as UTF-8, formatted by one compiled loop (emulator/results/textrows.py);
-        None where a column holds other than ints in int64's range or floats (bool, None, a str)."""
+    def csv_bytes(self) -> np.ndarray | None:
+        """:meth:`csv_lines` as UTF-8 (a uint8 array), formatted by one compiled loop
+        (emulator/results/textrows.py); None where a column holds other than ints in int64's range
+        or floats (bool, None, a str)."""
         n = len(self.bucket)
         ints = [self.array(c) for c in ("bucket", "message_bytes", "link_bytes")]
         floats = [self.array(c) for c in ("start_s", "end_s", "utilisation")]
@@ -309,7 +310,7 @@ class TimelineColumns:
         values[:, 1], values[:, 4], values[:, 5] = ints
         for column, (x, decimals) in zip((2, 3, 6), zip(floats, (9, 9, 6), strict=True), strict=True):
             decimal_cells(x, decimals, values[:, column], kinds[:, column], texts)
-        return _CSV_ROWS.format(values, kinds, texts)
+        return _CSV_ROWS.format_array(values, kinds, texts)
 
 
 def int_array(column: list) -> np.ndarray | None:

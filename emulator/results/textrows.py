@@ -136,8 +136,12 @@ class RowText:
     def format(self, values: np.ndarray, kinds: np.ndarray, texts: list[str]) -> bytes:
         """The rows as UTF-8 bytes. ``values``, ``kinds``: int64 matrices (rows x columns); a
         ``TEXT`` cell's value indexes ``texts``."""
+        return self.format_array(values, kinds, texts).tobytes()
+
+    def format_array(self, values: np.ndarray, kinds: np.ndarray, texts: list[str]) -> np.ndarray:
+        """:meth:`format`'s bytes as a uint8 array (a binary file writes it without a copy)."""
         assert values.shape == kinds.shape and values.shape[1:] == (self.columns,), (values.shape, kinds.shape)
         if not len(values):
-            return b""
+            return np.zeros(0, dtype=np.uint8)
         blob, at = _blob(texts)
-        return _format(values, kinds, self._pieces[0], self._pieces[1], blob, at, *self._sep).tobytes()
+        return _format(values, kinds, self._pieces[0], self._pieces[1], blob, at, *self._sep)

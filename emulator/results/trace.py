@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from itertools import chain
 from json.encoder import encode_basestring_ascii as _quote
@@ -71,7 +72,7 @@ def trace_event_texts(result: RunResult, topo, timeline=None) -> Iterator[str]:
 def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> Iterator[list[str]]:
     """The event texts of :func:`trace_event_texts` in lists (a rank's operations, a tier's counters):
     :func:`write_trace` joins each list in one call instead of resuming a generator per event
-    (``joined``: the counters may come as one text, the events already joined by commas).
+    (``joined``: the counters may come as one uint8 array, their ASCII bytes joined by commas).
 
     The per-operation texts are built from cached parts, because the texts repeat: the traced ranks
     repeat few names (each layer's kernels carry the same name in every microbatch and on every
@@ -148,13 +149,14 @@ def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[s
     """One counter per tier: utilisation at each bucket start, back to 0 after a bucket without
     traffic. ``timeline``: rows (dicts) or TimelineColumns; each timestamp and value is formatted
     once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts).
-    ``joined``: every counter event in one text, joined by commas, where :func:`_counter_text` can."""
+    ``joined``: every counter event in one uint8 array of ASCII bytes, joined by commas, where
+    :func:`_counter_text` can."""
     from emulator.results.tables import TimelineColumns, pick
 
     cols = timeline if isinstance(timeline, TimelineColumns) else TimelineColumns.from_rows(timeline)
     fast = _counter_text(cols, pid) if joined else None
     if fast is not None:
-        yield [fast]
+        yield fast  # the events' ASCII bytes, joined by commas: written as they are
         return
     start_us, end_us = cols.second_texts(_number, scale=1e6)
     value_text = cols.utilisation_texts(_number)
@@ -174,9 +176,10 @@ def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[s
         yield out
 
 
-def _counter_text(cols, pid: int) -> str | None:
-    """The events of :func:`_counter_chunks`, joined by commas, formatted by one compiled loop
-    (emulator/results/textrows.py); None where a column is not all ints or all floats."""
+def _counter_text(cols, pid: int) -> np.ndarray | None:
+    """The events of :func:`_counter_chunks`, joined by commas (ASCII bytes in a uint8 array),
+    formatted by one compiled loop (emulator/results/textrows.py); None where a column is not all
+    ints or all floats."""
     from emulator.results.tables import TEXT, decimal_cells
 
     buckets, starts, ends, values = map(cols.array, ("bucket", "start_s", "end_s", "utilisation"))
@@ -210,7 +213,7 @@ def _counter_text(cols, pid: int) -> str | None:
         parts.append((table, kinds))
     table = np.concatenate([t for t, _ in parts])
     kinds = np.concatenate([k for _, k in parts])
-    return _COUNTER_ROWS.format(table, kinds, texts).decode()
+    return _COUNTER_ROWS.format_array(table, kinds, texts)
 
 
 _COUNTER_ROWS = RowText(["", "", ',"args":{"utilisation":', "}}"], ",")
@@ -244,12 +247,14 @@ def write_trace(path: Path, result: RunResult, topo, timeline=None,
     """Write ``trace.json``: :func:`trace_document` as compact JSON, streamed event by event (the
     reference run's is about 50 MB: no document of a million dicts is built)."""
     other = {"traced_ranks": sorted(result.traces), **(metadata or {})}
-    with path.open("w") as f:
-        f.write('{"traceEvents":[')
-        sep = ""
+    # every text is ASCII (json's escapes, numbers, the fixed keys): written as bytes, the counters
+    # straight from the compiled formatter's buffer; the last newline as text mode writes it
+    with path.open("wb") as f:
+        f.write(b'{"traceEvents":[')
+        sep = b""
         for chunk in _trace_chunks(result, topo, timeline, joined=True):
-            if chunk:  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
+            if len(chunk):  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
                 f.write(sep)
-                f.write(",".join(chunk))
-                sep = ","
-        f.write(f'],"otherData":{_compact(other)}}}\n')
+                f.write(chunk if isinstance(chunk, np.ndarray) else ",".join(chunk).encode("ascii"))
+                sep = b","
+        f.write(f'],"otherData":{_compact(other)}}}{os.linesep}'.encode("ascii"))
