@@ -111,13 +111,20 @@ def rank_rows(result: RunResult, topo, config=None) -> list[dict]:
     """Per-rank time breakdown; ``compute + exposed_comm + bubble + idle`` is the run's virtual time."""
     sim_ns = sim_time_ns(result)
     rows = []
+    kinds: dict[str, tuple[bool, str]] = {}  # per stream name: (bubble, dimension), looked up once
     for r in result.ranks:
         waits = r.wait_ns.get("compute", {})
-        bubble = sum(ns for stream, ns in waits.items() if is_bubble_stream(stream))
-        exposed = sum(ns for stream, ns in waits.items() if not is_bubble_stream(stream) and stream != "compute")
+        bubble = exposed = 0
         by_dim: dict[str, int] = {}
         for stream, ns in waits.items():
-            by_dim[stream_dimension(stream)] = by_dim.get(stream_dimension(stream), 0) + ns
+            kind = kinds.get(stream)
+            if kind is None:
+                kind = kinds[stream] = (is_bubble_stream(stream), stream_dimension(stream))
+            if kind[0]:
+                bubble += ns
+            elif stream != "compute":
+                exposed += ns
+            by_dim[kind[1]] = by_dim.get(kind[1], 0) + ns
         rows.append({
             "rank": r.rank, "node": r.node, "gpu": topo.gpu_type(r.rank),
             "stage": pipeline_stage(r.rank, result.world_size, config), "final_time_ns": r.final_time_ns,

@@ -24,7 +24,7 @@ import numpy as np
 
 from emulator.engine.ops import KIND_NAMES
 from emulator.engine.result import RunResult
-from emulator.results.textrows import INT, RowText
+from emulator.results.textrows import INT, TEXT, RowText, decimal_ok
 from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
@@ -85,6 +85,7 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
     cats = [_quote(name) for name in KIND_NAMES]
     last = None  # (streams, starts, ends) of the previous rank, its tails and its wait slices' texts
     name_cat = _NameCat(cats)  # shared by the ranks: the peers of a folded group repeat most names
+    name_index = _NameIndex(cats)  # the same texts by number, for the compiled formatter (joined)
     for rank in sorted(result.traces):
         ops = result.traces[rank]
         node = topo.rank_node[rank]
@@ -110,13 +111,18 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
         if last is not None and last[0] == timing:
             tails, waits = last[1], last[2]
         else:
-            tails = [f'{start / NS_PER_US!r},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}' if end > start
-                     else f'{start / NS_PER_US!r},"ph":"i","s":"t"}}'
-                     for start, end in zip(timing[1], timing[2], strict=True)]  # fmt: skip
-            waits = None
-        # '{"name":...,"cat":...,' + '"pid":...,"tid":...,"ts":' + the tail, concatenated in C
-        named = map(name_cat.__getitem__, map(itemgetter(1, 2), ops))
-        yield list(map(add, map(add, named, map(heads.__getitem__, stream_col)), tails))
+            tails = waits = None
+        fast = _op_rows(ops, timing, heads, name_index) if joined else None
+        if fast is not None:
+            yield fast
+        else:
+            if tails is None:
+                tails = [f'{start / NS_PER_US!r},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}' if end > start
+                         else f'{start / NS_PER_US!r},"ph":"i","s":"t"}}'
+                         for start, end in zip(timing[1], timing[2], strict=True)]  # fmt: skip
+            # '{"name":...,"cat":...,' + '"pid":...,"tid":...,"ts":' + the tail, concatenated in C
+            named = map(name_cat.__getitem__, map(itemgetter(1, 2), ops))
+            yield list(map(add, map(add, named, map(heads.__getitem__, stream_col)), tails))
         if "compute" in tids:
             if waits is None:
                 waits = [(f'{{"ph":"X","name":{_quote(name)},"cat":"wait",',
@@ -143,6 +149,63 @@ class _NameCat(dict):
         name, kind = key
         text = self[key] = f'{{"name":{_quote(name)},"cat":{self.cats[kind]},'
         return text
+
+
+class _NameIndex(dict):
+    """(name, kind) -> the number of its ``{"name":...,"cat":...,`` in ``texts``, added on first use."""
+
+    def __init__(self, cats: list[str]):
+        super().__init__()
+        self.cats = cats
+        self.texts: list[str] = []
+
+    def __missing__(self, key: tuple) -> int:
+        name, kind = key
+        self.texts.append(f'{{"name":{_quote(name)},"cat":{self.cats[kind]},')
+        index = self[key] = len(self.texts) - 1
+        return index
+
+
+_PH_X, _PH_I = ',"ph":"X","dur":', ',"ph":"i","s":"t"'
+_OP_ROWS = RowText(["", "", "", "", "", "}"], ",")  # name and cat, pid tid, ts, ph (and "dur"), dur
+
+
+def _op_rows(ops: list[tuple], timing: tuple[list, list, list], heads: dict[str, str],
+             names: _NameIndex) -> np.ndarray | None:  # fmt: skip
+    """A rank's operation events, joined by commas (ASCII bytes in a uint8 array), as the texts of
+    :func:`_trace_chunks`: ``ts`` and ``dur`` are ``ns / 1000.0``, the double nearest to the decimal
+    (written from the integer where :func:`emulator.results.textrows.decimal_ok`, else by ``repr``);
+    None where a start or end is not an int in 0..2**62."""
+    from emulator.results.tables import int_array
+
+    starts, ends = int_array(timing[1]), int_array(timing[2])
+    if starts is None or ends is None or (len(starts) and (min(starts.min(), ends.min()) < 0
+                                                           or max(starts.max(), ends.max()) >= 2**62)):  # fmt: skip
+        return None
+    n = len(ops)
+    table = np.empty((n, 5), dtype=np.int64)
+    kinds = np.full((n, 5), TEXT, dtype=np.int64)
+    table[:, 0] = np.fromiter(map(names.__getitem__, map(itemgetter(1, 2), ops)), dtype=np.int64, count=n)
+    texts = names.texts + list(heads.values()) + [_PH_X, _PH_I, ""]
+    base = len(names.texts)
+    head_at = {stream: base + i for i, stream in enumerate(heads)}
+    ph_x = base + len(heads)
+    table[:, 1] = np.fromiter(map(head_at.__getitem__, timing[0]), dtype=np.int64, count=n)
+    span = ends > starts
+    table[:, 3] = np.where(span, ph_x, ph_x + 1)
+    table[:, 4] = np.where(span, ends - starts, ph_x + 2)  # an instant: no "dur" (the empty text)
+    for column, values, cells in ((2, timing[1], starts), (4, None, ends - starts)):
+        ok = decimal_ok(cells, 3) if values is not None else span & decimal_ok(cells, 3)
+        table[ok, column] = cells[ok]
+        kinds[ok, column] = 3
+        bad = np.flatnonzero(~ok & (span if values is None else True))
+        if len(bad):  # repr of the Python division, as the texts of the plain path
+            table[bad, column] = np.arange(len(texts), len(texts) + len(bad))
+            if values is not None:
+                texts.extend(repr(values[i] / NS_PER_US) for i in bad.tolist())
+            else:
+                texts.extend(repr((timing[2][i] - timing[1][i]) / NS_PER_US) for i in bad.tolist())
+    return _OP_ROWS.format_array(table, kinds, texts)
 
 
 def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[str]]:
@@ -180,7 +243,7 @@ def _counter_text(cols, pid: int) -> np.ndarray | None:
     """The events of :func:`_counter_chunks`, joined by commas (ASCII bytes in a uint8 array),
     formatted by one compiled loop (emulator/results/textrows.py); None where a column is not all
     ints or all floats."""
-    from emulator.results.tables import TEXT, decimal_cells
+    from emulator.results.tables import decimal_cells
 
     buckets, starts, ends, values = map(cols.array, ("bucket", "start_s", "end_s", "utilisation"))
     if buckets is None or buckets.dtype != np.int64 or any(c is None or c.dtype != np.float64

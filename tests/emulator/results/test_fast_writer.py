@@ -101,7 +101,9 @@ STREAMS = ["compute", "comm", "pp.recv.fwd0", "tp", "dp.grad"]
 def _ops(rng: random.Random, n: int) -> list[tuple]:
     ops = []
     for _ in range(n):
-        start = rng.choice([0, rng.randrange(10**4), rng.randrange(10**13), 1_000_000_000_007])
+        start = rng.choice([0, rng.randrange(10**4), rng.randrange(10**13), 1_000_000_000_007,
+                            # past 15 digits (repr's shortest text is not the decimal), past int64
+                            10**15 + rng.randrange(10**4), 2**53 + 1, *([2**64 + 5] if rng.random() < 0.02 else [])])
         end = start + rng.choice([0, 1, rng.randrange(10**6), rng.randrange(10**12)])
         ops.append((rng.choice(STREAMS), rng.choice(NAMES) + rng.choice(["", f" mb{rng.randrange(4)}"]),
                     rng.randrange(len(KIND_NAMES)), start, end))  # fmt: skip
