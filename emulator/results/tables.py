@@ -305,7 +305,7 @@ class TimelineColumns:
             return None
         texts: list[str] = []
         values = np.empty((n, 7), dtype=np.int64)
-        kinds = np.zeros((n, 7), dtype=np.int64)
+        kinds = np.zeros((n, 7), dtype=np.int8)
         index: dict[str, int] = {}
         for tier, rows in self.tier_runs():
             if not isinstance(tier, str):

@@ -184,7 +184,7 @@ def _op_rows(ops: list[tuple], timing: tuple[list, list, list], heads: dict[str,
         return None
     n = len(ops)
     table = np.empty((n, 5), dtype=np.int64)
-    kinds = np.full((n, 5), TEXT, dtype=np.int64)
+    kinds = np.full((n, 5), TEXT, dtype=np.int8)
     table[:, 0] = np.fromiter(map(names.__getitem__, map(itemgetter(1, 2), ops)), dtype=np.int64, count=n)
     texts = names.texts + list(heads.values()) + [_PH_X, _PH_I, ""]
     base = len(names.texts)
@@ -213,13 +213,13 @@ def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[s
     traffic. ``timeline``: rows (dicts) or TimelineColumns; each timestamp and value is formatted
     once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts).
     ``joined``: every counter event in one uint8 array of ASCII bytes, joined by commas, where
-    :func:`_counter_text` can."""
+    :func:`_counter_arrays` can."""
     from emulator.results.tables import TimelineColumns, pick
 
     cols = timeline if isinstance(timeline, TimelineColumns) else TimelineColumns.from_rows(timeline)
-    fast = _counter_text(cols, pid) if joined else None
+    fast = _counter_arrays(cols, pid) if joined else None
     if fast is not None:
-        yield fast  # the events' ASCII bytes, joined by commas: written as they are
+        yield from fast  # each tier's events as ASCII bytes, joined by commas: written as they are
         return
     start_us, end_us = cols.second_texts(_number, scale=1e6)
     value_text = cols.utilisation_texts(_number)
@@ -239,44 +239,39 @@ def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[s
         yield out
 
 
-def _counter_text(cols, pid: int) -> np.ndarray | None:
-    """The events of :func:`_counter_chunks`, joined by commas (ASCII bytes in a uint8 array),
-    formatted by one compiled loop (emulator/results/textrows.py); None where a column is not all
-    ints or all floats."""
+def _counter_arrays(cols, pid: int) -> list[np.ndarray] | None:
+    """The events of :func:`_counter_chunks` per tier, joined by commas (ASCII bytes in a uint8
+    array), formatted by one compiled loop (emulator/results/textrows.py); None where a column is
+    not all ints or all floats."""
     from emulator.results.tables import decimal_cells
 
     buckets, starts, ends, values = map(cols.array, ("bucket", "start_s", "end_s", "utilisation"))
     if buckets is None or buckets.dtype != np.int64 or any(c is None or c.dtype != np.float64
                                                           for c in (starts, ends, values)):  # fmt: skip
         return None
-    texts: list[str] = []
-    parts = []
+    out = []
     for tier, index in cols.tier_runs():
         rows = np.arange(len(buckets))[index] if isinstance(index, slice) else np.array(index, dtype=np.int64)
         b = buckets[rows]
         # a bucket not followed by the next one: the counter drops to 0 at its end, in a row of its own
         gaps = np.append(np.flatnonzero(b[1:] != b[:-1] + 1), len(rows) - 1)
         at = np.arange(len(rows)) + np.searchsorted(gaps, np.arange(len(rows)), side="left")
-        table = np.zeros((len(rows) + len(gaps), 3), dtype=np.int64)
-        kinds = np.zeros_like(table)
-        table[:, 0] = len(texts)
-        kinds[:, 0] = TEXT
-        texts.append(f'{{"ph":"C","name":{_quote(f"utilisation {tier}")},"pid":{pid},"ts":')
-        ts_k, ts_kind = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
-        # the products start_s * 1e6 in IEEE arithmetic, as Python's float * float
-        decimal_cells(starts[rows] * 1e6, 3, ts_k, ts_kind, texts, _number)
-        table[at, 1], kinds[at, 1] = ts_k, ts_kind
-        decimal_cells(values[rows], 6, ts_k, ts_kind, texts, _number)
-        table[at, 2], kinds[at, 2] = ts_k, ts_kind
         zero = gaps + np.arange(1, len(gaps) + 1)  # row g's drop follows it
-        ts_k, ts_kind = ts_k[:len(gaps)], ts_kind[:len(gaps)]
-        decimal_cells(ends[rows[gaps]] * 1e6, 3, ts_k, ts_kind, texts, _number)
-        table[zero, 1], kinds[zero, 1] = ts_k, ts_kind
+        table = np.zeros((len(rows) + len(gaps), 3), dtype=np.int64)
+        kinds = np.full(table.shape, TEXT, dtype=np.int8)
+        texts = [f'{{"ph":"C","name":{_quote(f"utilisation {tier}")},"pid":{pid},"ts":']  # the row's head: text 0
+        cells, cell_kinds = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int8)
+        # the products start_s * 1e6 in IEEE arithmetic, as Python's float * float
+        decimal_cells(starts[rows] * 1e6, 3, cells, cell_kinds, texts, _number)
+        table[at, 1], kinds[at, 1] = cells, cell_kinds
+        decimal_cells(values[rows], 6, cells, cell_kinds, texts, _number)
+        table[at, 2], kinds[at, 2] = cells, cell_kinds
+        cells, cell_kinds = cells[:len(gaps)], cell_kinds[:len(gaps)]
+        decimal_cells(ends[rows[gaps]] * 1e6, 3, cells, cell_kinds, texts, _number)
+        table[zero, 1], kinds[zero, 1] = cells, cell_kinds
         table[zero, 2], kinds[zero, 2] = 0, INT
-        parts.append((table, kinds))
-    table = np.concatenate([t for t, _ in parts])
-    kinds = np.concatenate([k for _, k in parts])
-    return _COUNTER_ROWS.format_array(table, kinds, texts)
+        out.append(_COUNTER_ROWS.format_array(table, kinds, texts))
+    return out
 
 
 _COUNTER_ROWS = RowText(["", "", ',"args":{"utilisation":', "}}"], ",")

@@ -34,7 +34,7 @@ def test_decimal_cells_are_repr(decimals):
     rng = random.Random(decimals)
     x = _floats(rng, decimals, 3000)
     values = np.empty(len(x), dtype=np.int64)
-    kinds = np.empty(len(x), dtype=np.int64)
+    kinds = np.empty(len(x), dtype=np.int8)
     texts = ["unused"]
     decimal_cells(np.array(x), decimals, values, kinds, texts)
     assert (kinds == decimals).sum() > len(x) // 5  # many are written from their integers
@@ -54,7 +54,7 @@ def test_ints_texts_pieces_and_separator():
     names = ["gpu", "", "münchen ✓", '"q"']
     rows = RowText(["<", "|", ">"], sep=";")
     values = np.array([[v, i % len(names)] for i, v in enumerate(ints)], dtype=np.int64)
-    kinds = np.array([[INT, TEXT]] * len(ints), dtype=np.int64)
+    kinds = np.array([[INT, TEXT]] * len(ints), dtype=np.int8)
     out = rows.format(values, kinds, names).decode()
     assert out == ";".join(f"<{v}|{names[i % len(names)]}>" for i, v in enumerate(ints))
     assert rows.format(values[:0], kinds[:0], names) == b""
