@@ -32,6 +32,26 @@ CSV_TABLES = {
 }
 
 
+class _Rows:
+    """A table field given as rows (dicts) or as :class:`emulator.results.tables.TimelineColumns`,
+    read as rows: the reference run's 217,000 timeline dicts are built only when something reads
+    them (the run directory is written from the columns; ``emulator run`` reads no rows)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return ()  # the dataclass default (immutable): no rows
+        rows = obj.__dict__[self.slot]
+        if not isinstance(rows, list):
+            rows = obj.__dict__[self.slot] = rows.rows() if isinstance(rows, tables.TimelineColumns) else list(rows)
+        return rows
+
+    def __set__(self, obj, rows) -> None:
+        obj.__dict__[self.slot] = rows
+
+
 @dataclass
 class RunTables:
     """A run's summary, resolved config and tables (lists of flat dicts, one per CSV row)."""
@@ -41,7 +61,7 @@ class RunTables:
     links: list[dict] = field(default_factory=list)
     ranks: list[dict] = field(default_factory=list)
     histograms: list[dict] = field(default_factory=list)
-    timeline: list[dict] = field(default_factory=list)
+    timeline: list[dict] = _Rows()
 
 
 def write_config(out_dir: Path, config) -> Path:
@@ -76,7 +96,7 @@ def build_tables(config, summary: dict, result: RunResult, topo, timeline: table
         links=tables.link_rows(result, topo, ends),
         ranks=tables.rank_rows(result, topo, config),
         histograms=tables.histogram_rows(result, topo),
-        timeline=timeline.rows(),
+        timeline=timeline,  # its rows built when read
     )
 
 
@@ -90,6 +110,13 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
         if name == "timeline" and tables.csv_plain(topo.tier_names):
             # timeline.csv, the long one: its values are ints, floats and the tier names, which the
             # csv module writes as str does; formatted from the columns (tables.TimelineColumns)
+            lines = timeline.csv_bytes() if all(map(str.isascii, topo.tier_names)) else None
+            if lines is not None:  # ASCII: the bytes any ASCII-compatible encoding of the text would have
+                with (out / "timeline.csv").open("wb") as f:
+                    f.write(",".join(columns).encode() + b"\r\n")
+                    f.write(lines)
+                del lines  # 13 MB for the reference run: not kept while the trace is written
+                continue
             with (out / "timeline.csv").open("w", newline="") as f:
                 f.write(",".join(columns) + "\r\n")
                 f.write(timeline.csv_lines())

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import groupby
 
 import numpy as np
 
 from emulator.engine.result import RunResult
 from emulator.errors import ConfigError
 from emulator.results.summary import histogram_label
+from emulator.results.textrows import TEXT, RowText, decimal_ok
 from emulator.workloads.streams import is_bubble_stream, stream_dimension
 
 LINK_COLUMNS = ("link", "name", "tier", "direction", "node", "src", "dst", "bandwidth_GBps", "bytes", "messages",
@@ -111,13 +111,20 @@ def rank_rows(result: RunResult, topo, config=None) -> list[dict]:
     """Per-rank time breakdown; ``compute + exposed_comm + bubble + idle`` is the run's virtual time."""
     sim_ns = sim_time_ns(result)
     rows = []
+    kinds: dict[str, tuple[bool, str]] = {}  # per stream name: (bubble, dimension), looked up once
     for r in result.ranks:
         waits = r.wait_ns.get("compute", {})
-        bubble = sum(ns for stream, ns in waits.items() if is_bubble_stream(stream))
-        exposed = sum(ns for stream, ns in waits.items() if not is_bubble_stream(stream) and stream != "compute")
+        bubble = exposed = 0
         by_dim: dict[str, int] = {}
         for stream, ns in waits.items():
-            by_dim[stream_dimension(stream)] = by_dim.get(stream_dimension(stream), 0) + ns
+            kind = kinds.get(stream)
+            if kind is None:
+                kind = kinds[stream] = (is_bubble_stream(stream), stream_dimension(stream))
+            if kind[0]:
+                bubble += ns
+            elif stream != "compute":
+                exposed += ns
+            by_dim[kind[1]] = by_dim.get(kind[1], 0) + ns
         rows.append({
             "rank": r.rank, "node": r.node, "gpu": topo.gpu_type(r.rank),
             "stage": pipeline_stage(r.rank, result.world_size, config), "final_time_ns": r.final_time_ns,
@@ -213,13 +220,19 @@ class TimelineColumns:
     def tier_runs(self) -> list[tuple[str, slice | list[int]]]:
         """``(tier, rows)`` per tier in order of first appearance; ``rows`` a slice when the tier's rows
         are contiguous (always, from :func:`timeline_columns`), else a list of row numbers."""
+        if "tier_runs" in self._texts:
+            return self._texts["tier_runs"]
         runs: list[tuple[str, slice]] = []
-        i = 0
-        for tier, group in groupby(self.tier):
-            n = sum(1 for _ in group)
-            runs.append((tier, slice(i, i + n)))
-            i += n
-        if len({tier for tier, _ in runs}) == len(runs):
+        i, n = 0, len(self.tier)
+        while i < n:  # each tier's rows counted in C: contiguous when all of them follow its first
+            tier = self.tier[i]
+            count = self.tier.count(tier)
+            if not count or self.tier[i:i + count].count(tier) != count:
+                break
+            runs.append((tier, slice(i, i + count)))
+            i += count
+        else:
+            self._texts["tier_runs"] = runs
             return runs
         order: dict[str, list[int]] = {}
         for i, tier in enumerate(self.tier):
@@ -262,10 +275,90 @@ class TimelineColumns:
     def csv_lines(self) -> str:
         """The data lines of timeline.csv, as ``csv.writer`` writes them for plain values
         (:func:`csv_plain`): ints by ``str``, floats by ``repr`` (which is their ``str``)."""
+        fast = self.csv_bytes()
+        if fast is not None:
+            return fast.tobytes().decode()
         starts, ends = self.second_texts(str)
         return "".join([f"{t},{b},{s},{e},{m},{lb},{u}\r\n" for t, b, s, e, m, lb, u in zip(
             self.tier, self.bucket, starts, ends, self.message_bytes, self.link_bytes,
             self.utilisation_texts(str), strict=True)])  # fmt: skip
+
+
+    def array(self, column: str) -> np.ndarray | None:
+        """``column`` as a numpy array (int64 for ints, float64 for floats; :func:`int_array`,
+        :func:`float_array`), converted once; None where it is neither all ints nor all floats."""
+        key = ("array", column)
+        if key not in self._texts:
+            values = getattr(self, column)
+            self._texts[key] = int_array(values) if values and type(values[0]) is int else float_array(values)
+        return self._texts[key]
+
+    def csv_bytes(self) -> np.ndarray | None:
+        """:meth:`csv_lines` as UTF-8 (a uint8 array), formatted by one compiled loop
+        (emulator/results/textrows.py); None where a column holds other than ints in int64's range
+        or floats (bool, None, a str)."""
+        n = len(self.bucket)
+        ints = [self.array(c) for c in ("bucket", "message_bytes", "link_bytes")]
+        floats = [self.array(c) for c in ("start_s", "end_s", "utilisation")]
+        if any(c is None or c.dtype != np.int64 or len(c) != n for c in ints) or len(self.tier) != n \
+                or any(c is None or c.dtype != np.float64 or len(c) != n for c in floats):  # fmt: skip
+            return None
+        texts: list[str] = []
+        values = np.empty((n, 7), dtype=np.int64)
+        kinds = np.zeros((n, 7), dtype=np.int8)
+        index: dict[str, int] = {}
+        for tier, rows in self.tier_runs():
+            if not isinstance(tier, str):
+                return None
+            index[tier] = len(texts)
+            texts.append(tier)
+            values[rows, 0] = index[tier]
+        kinds[:, 0] = TEXT
+        values[:, 1], values[:, 4], values[:, 5] = ints
+        for column, (x, decimals) in zip((2, 3, 6), zip(floats, (9, 9, 6), strict=True), strict=True):
+            decimal_cells(x, decimals, values[:, column], kinds[:, column], texts)
+        return _CSV_ROWS.format_array(values, kinds, texts)
+
+
+def int_array(column: list) -> np.ndarray | None:
+    """``column`` as int64 when every value is an int (not a bool) in int64's range, else None."""
+    if not set(map(type, column)) <= {int}:
+        return None
+    try:
+        return np.array(column, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def float_array(column: list) -> np.ndarray | None:
+    """``column`` as float64 when every value is a float, else None."""
+    return np.array(column, dtype=np.float64) if set(map(type, column)) <= {float} else None
+
+
+def decimal_cells(x: np.ndarray, decimals: int, values: np.ndarray, kinds: np.ndarray, texts: list[str],
+                  text=repr) -> None:  # fmt: skip
+    """Fill one column of a :class:`emulator.results.textrows.RowText` table with the floats ``x``:
+    a float that is exactly ``k / 10**decimals`` (the nearest double to that decimal: the int64
+    division is IEEE's, correctly rounded) with a decimal form ``repr`` writes is the cell ``k``
+    of kind ``decimals``; any other (-0.0, inf, nan, tiny, huge, an inexact product such as
+    ``start_s * 1e6``) is ``text`` of it (``repr``: the CSV's; json's for the trace), appended to
+    ``texts``."""
+    scale = 10.0**decimals
+    with np.errstate(invalid="ignore", over="ignore"):
+        k = np.rint(x * scale)
+        finite = np.abs(k) < 2.0**62
+        k = np.where(finite, k, 0).astype(np.int64)
+    ok = finite & (k / scale == x) & ~np.signbit(x) & decimal_ok(k, decimals)
+    values[:] = k
+    kinds[:] = decimals
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        values[bad] = np.arange(len(texts), len(texts) + len(bad))
+        kinds[bad] = TEXT
+        texts.extend(map(text, x[bad].tolist()))
+
+
+_CSV_ROWS = RowText(["", ",", ",", ",", ",", ",", ",", "\r\n"])
 
 
 def plain_numbers(values: list) -> bool:
@@ -333,6 +426,9 @@ def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> Timel
     tiers = len(topo.tier_names)
     cap = sender_capacity_bytes_per_ns(topo, ends)
     bucket_ns = result.bucket_ns
+    out = _timeline_arrays(result, topo, cap)
+    if out is not None:
+        return out
     out = TimelineColumns([], [], [], [], [], [], [])
     for tier in range(tiers):
         # the scale-up tier carries only its own messages; switch tier k carries those of tiers >= k
@@ -359,6 +455,77 @@ def timeline_columns(result: RunResult, topo, ends: dict | None = None) -> Timel
         else:
             out.start_s = [slot * bucket_ns / 1e9 for slot in out.bucket]
             out.end_s = [(slot + 1) * bucket_ns / 1e9 for slot in out.bucket]
+    return out
+
+
+_INT64_SAFE = 2.0**62  # a sum of int64 byte counts below this cannot overflow
+
+
+def _line_arrays(line: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """A tier's ``slot -> bytes`` as int64 arrays sorted by slot; None unless all are ints that fit."""
+    if not (set(map(type, line)) | set(map(type, line.values()))) <= {int}:
+        return None
+    try:
+        slots = np.fromiter(line, dtype=np.int64, count=len(line))
+        nbytes = np.fromiter(line.values(), dtype=np.int64, count=len(line))
+    except OverflowError:
+        return None
+    order = np.argsort(slots, kind="stable")
+    return slots[order], nbytes[order]
+
+
+def _timeline_arrays(result: RunResult, topo, cap: list[float]) -> TimelineColumns | None:
+    """:func:`timeline_columns` by numpy over the slots (sorted, summed per slot over the tiers a
+    switch tier carries): the same ints and floats, and the columns' arrays kept for the writers
+    (:meth:`TimelineColumns.array`); None where the Python statement must run (a count that is not
+    an int, an int or a sum beyond int64, a run whose buckets are too sparse for ``seconds``)."""
+    tiers = len(topo.tier_names)
+    lines = [_line_arrays(line) for line in result.timeline[:tiers]]
+    if len(lines) < tiers or any(line is None for line in lines):
+        return None
+    if sum(float(np.abs(nbytes).astype(np.float64).sum()) for _, nbytes in lines) >= _INT64_SAFE:
+        return None
+    bucket_ns = result.bucket_ns
+    names, buckets, messages, carried, utilisation = [], [], [], [], []
+    for tier in range(tiers):
+        own_slots, own_bytes = lines[tier]
+        if tier:  # switch tier k carries the messages of tiers >= k: summed per slot
+            slots = np.concatenate([lines[t][0] for t in range(tier, tiers)])
+            nbytes = np.concatenate([lines[t][1] for t in range(tier, tiers)])
+            order = np.argsort(slots, kind="stable")
+            slots, nbytes = slots[order], nbytes[order]
+            first = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1]))) if len(slots) else slots
+            slots, link = slots[first], np.add.reduceat(nbytes, first) if len(first) else nbytes
+            at = np.searchsorted(own_slots, slots)
+            hit = at < len(own_slots)
+            hit[hit] = own_slots[at[hit]] == slots[hit]
+            message = np.zeros(len(slots), dtype=np.int64)
+            message[hit] = own_bytes[at[hit]]
+        else:  # the scale-up tier carries only its own messages
+            slots, link, message = own_slots, own_bytes, own_bytes
+        capacity = cap[tier] * bucket_ns  # bytes the tier's sender side can carry in a bucket
+        link_list = link.tolist()
+        names += [topo.tier_names[tier]] * len(slots)
+        buckets.append(slots)
+        messages.append(message)
+        carried.append(link)
+        utilisation += round6(link_list, capacity) if capacity else [0.0] * len(link_list)
+    bucket = np.concatenate(buckets)
+    if not len(bucket):
+        return TimelineColumns([], [], [], [], [], [], [])
+    first, last = int(bucket.min()), int(bucket.max()) + 1
+    if last - first > 4 * len(bucket):
+        return None
+    values = bucket_seconds(first, last, bucket_ns)
+    seconds = np.array(values, dtype=np.float64)
+    offset = bucket - first
+    start, end = seconds[offset], seconds[offset + 1]
+    message, link = np.concatenate(messages), np.concatenate(carried)
+    out = TimelineColumns(names, bucket.tolist(), start.tolist(), end.tolist(), message.tolist(), link.tolist(),
+                          utilisation, seconds=(first, values))  # fmt: skip
+    for column, array in (("bucket", bucket), ("start_s", start), ("end_s", end), ("message_bytes", message),
+                          ("link_bytes", link)):  # fmt: skip
+        out._texts[("array", column)] = array
     return out
 
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from itertools import chain
 from json.encoder import encode_basestring_ascii as _quote
 from operator import add, itemgetter
 from pathlib import Path
 
+import numpy as np
+
 from emulator.engine.ops import KIND_NAMES
 from emulator.engine.result import RunResult
+from emulator.results.textrows import INT, TEXT, RowText, decimal_ok
 from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
@@ -65,9 +69,10 @@ def trace_event_texts(result: RunResult, topo, timeline=None) -> Iterator[str]:
     return chain.from_iterable(_trace_chunks(result, topo, timeline))
 
 
-def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
+def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> Iterator[list[str]]:
     """The event texts of :func:`trace_event_texts` in lists (a rank's operations, a tier's counters):
-    :func:`write_trace` joins each list in one call instead of resuming a generator per event.
+    :func:`write_trace` joins each list in one call instead of resuming a generator per event
+    (``joined``: the counters may come as one uint8 array, their ASCII bytes joined by commas).
 
     The per-operation texts are built from cached parts, because the texts repeat: the traced ranks
     repeat few names (each layer's kernels carry the same name in every microbatch and on every
@@ -80,6 +85,7 @@ def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
     cats = [_quote(name) for name in KIND_NAMES]
     last = None  # (streams, starts, ends) of the previous rank, its tails and its wait slices' texts
     name_cat = _NameCat(cats)  # shared by the ranks: the peers of a folded group repeat most names
+    name_index = _NameIndex(cats)  # the same texts by number, for the compiled formatter (joined)
     for rank in sorted(result.traces):
         ops = result.traces[rank]
         node = topo.rank_node[rank]
@@ -105,13 +111,18 @@ def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
         if last is not None and last[0] == timing:
             tails, waits = last[1], last[2]
         else:
-            tails = [f'{start / NS_PER_US!r},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}' if end > start
-                     else f'{start / NS_PER_US!r},"ph":"i","s":"t"}}'
-                     for start, end in zip(timing[1], timing[2], strict=True)]  # fmt: skip
-            waits = None
-        # '{"name":...,"cat":...,' + '"pid":...,"tid":...,"ts":' + the tail, concatenated in C
-        named = map(name_cat.__getitem__, map(itemgetter(1, 2), ops))
-        yield list(map(add, map(add, named, map(heads.__getitem__, stream_col)), tails))
+            tails = waits = None
+        fast = _op_rows(ops, timing, heads, name_index) if joined else None
+        if fast is not None:
+            yield fast
+        else:
+            if tails is None:
+                tails = [f'{start / NS_PER_US!r},"ph":"X","dur":{(end - start) / NS_PER_US!r}}}' if end > start
+                         else f'{start / NS_PER_US!r},"ph":"i","s":"t"}}'
+                         for start, end in zip(timing[1], timing[2], strict=True)]  # fmt: skip
+            # '{"name":...,"cat":...,' + '"pid":...,"tid":...,"ts":' + the tail, concatenated in C
+            named = map(name_cat.__getitem__, map(itemgetter(1, 2), ops))
+            yield list(map(add, map(add, named, map(heads.__getitem__, stream_col)), tails))
         if "compute" in tids:
             if waits is None:
                 waits = [(f'{{"ph":"X","name":{_quote(name)},"cat":"wait",',
@@ -124,7 +135,7 @@ def _trace_chunks(result: RunResult, topo, timeline) -> Iterator[list[str]]:
         pid = topo.num_nodes  # after the nodes
         yield [_compact({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network"}}),
                _compact({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})]
-        yield from _counter_chunks(timeline, pid)
+        yield from _counter_chunks(timeline, pid, joined)
 
 
 class _NameCat(dict):
@@ -140,13 +151,76 @@ class _NameCat(dict):
         return text
 
 
-def _counter_chunks(timeline, pid: int) -> Iterator[list[str]]:
+class _NameIndex(dict):
+    """(name, kind) -> the number of its ``{"name":...,"cat":...,`` in ``texts``, added on first use."""
+
+    def __init__(self, cats: list[str]):
+        super().__init__()
+        self.cats = cats
+        self.texts: list[str] = []
+
+    def __missing__(self, key: tuple) -> int:
+        name, kind = key
+        self.texts.append(f'{{"name":{_quote(name)},"cat":{self.cats[kind]},')
+        index = self[key] = len(self.texts) - 1
+        return index
+
+
+_PH_X, _PH_I = ',"ph":"X","dur":', ',"ph":"i","s":"t"'
+_OP_ROWS = RowText(["", "", "", "", "", "}"], ",")  # name and cat, pid tid, ts, ph (and "dur"), dur
+
+
+def _op_rows(ops: list[tuple], timing: tuple[list, list, list], heads: dict[str, str],
+             names: _NameIndex) -> np.ndarray | None:  # fmt: skip
+    """A rank's operation events, joined by commas (ASCII bytes in a uint8 array), as the texts of
+    :func:`_trace_chunks`: ``ts`` and ``dur`` are ``ns / 1000.0``, the double nearest to the decimal
+    (written from the integer where :func:`emulator.results.textrows.decimal_ok`, else by ``repr``);
+    None where a start or end is not an int in 0..2**62."""
+    from emulator.results.tables import int_array
+
+    starts, ends = int_array(timing[1]), int_array(timing[2])
+    if starts is None or ends is None or (len(starts) and (min(starts.min(), ends.min()) < 0
+                                                           or max(starts.max(), ends.max()) >= 2**62)):  # fmt: skip
+        return None
+    n = len(ops)
+    table = np.empty((n, 5), dtype=np.int64)
+    kinds = np.full((n, 5), TEXT, dtype=np.int8)
+    table[:, 0] = np.fromiter(map(names.__getitem__, map(itemgetter(1, 2), ops)), dtype=np.int64, count=n)
+    texts = names.texts + list(heads.values()) + [_PH_X, _PH_I, ""]
+    base = len(names.texts)
+    head_at = {stream: base + i for i, stream in enumerate(heads)}
+    ph_x = base + len(heads)
+    table[:, 1] = np.fromiter(map(head_at.__getitem__, timing[0]), dtype=np.int64, count=n)
+    span = ends > starts
+    table[:, 3] = np.where(span, ph_x, ph_x + 1)
+    table[:, 4] = np.where(span, ends - starts, ph_x + 2)  # an instant: no "dur" (the empty text)
+    for column, values, cells in ((2, timing[1], starts), (4, None, ends - starts)):
+        ok = decimal_ok(cells, 3) if values is not None else span & decimal_ok(cells, 3)
+        table[ok, column] = cells[ok]
+        kinds[ok, column] = 3
+        bad = np.flatnonzero(~ok & (span if values is None else True))
+        if len(bad):  # repr of the Python division, as the texts of the plain path
+            table[bad, column] = np.arange(len(texts), len(texts) + len(bad))
+            if values is not None:
+                texts.extend(repr(values[i] / NS_PER_US) for i in bad.tolist())
+            else:
+                texts.extend(repr((timing[2][i] - timing[1][i]) / NS_PER_US) for i in bad.tolist())
+    return _OP_ROWS.format_array(table, kinds, texts)
+
+
+def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[str]]:
     """One counter per tier: utilisation at each bucket start, back to 0 after a bucket without
     traffic. ``timeline``: rows (dicts) or TimelineColumns; each timestamp and value is formatted
-    once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts)."""
+    once (the end of a bucket is the start of the next, and the CSV shares the utilisation texts).
+    ``joined``: every counter event in one uint8 array of ASCII bytes, joined by commas, where
+    :func:`_counter_arrays` can."""
     from emulator.results.tables import TimelineColumns, pick
 
     cols = timeline if isinstance(timeline, TimelineColumns) else TimelineColumns.from_rows(timeline)
+    fast = _counter_arrays(cols, pid) if joined else None
+    if fast is not None:
+        yield from fast  # each tier's events as ASCII bytes, joined by commas: written as they are
+        return
     start_us, end_us = cols.second_texts(_number, scale=1e6)
     value_text = cols.utilisation_texts(_number)
     for tier, index in cols.tier_runs():
@@ -163,6 +237,44 @@ def _counter_chunks(timeline, pid: int) -> Iterator[list[str]]:
             out.append(f'{head}{ends[i]},"args":{{"utilisation":0}}}}')
             done = i + 1
         yield out
+
+
+def _counter_arrays(cols, pid: int) -> list[np.ndarray] | None:
+    """The events of :func:`_counter_chunks` per tier, joined by commas (ASCII bytes in a uint8
+    array), formatted by one compiled loop (emulator/results/textrows.py); None where a column is
+    not all ints or all floats."""
+    from emulator.results.tables import decimal_cells
+
+    buckets, starts, ends, values = map(cols.array, ("bucket", "start_s", "end_s", "utilisation"))
+    if buckets is None or buckets.dtype != np.int64 or any(c is None or c.dtype != np.float64
+                                                          for c in (starts, ends, values)):  # fmt: skip
+        return None
+    out = []
+    for tier, index in cols.tier_runs():
+        rows = np.arange(len(buckets))[index] if isinstance(index, slice) else np.array(index, dtype=np.int64)
+        b = buckets[rows]
+        # a bucket not followed by the next one: the counter drops to 0 at its end, in a row of its own
+        gaps = np.append(np.flatnonzero(b[1:] != b[:-1] + 1), len(rows) - 1)
+        at = np.arange(len(rows)) + np.searchsorted(gaps, np.arange(len(rows)), side="left")
+        zero = gaps + np.arange(1, len(gaps) + 1)  # row g's drop follows it
+        table = np.zeros((len(rows) + len(gaps), 3), dtype=np.int64)
+        kinds = np.full(table.shape, TEXT, dtype=np.int8)
+        texts = [f'{{"ph":"C","name":{_quote(f"utilisation {tier}")},"pid":{pid},"ts":']  # the row's head: text 0
+        cells, cell_kinds = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int8)
+        # the products start_s * 1e6 in IEEE arithmetic, as Python's float * float
+        decimal_cells(starts[rows] * 1e6, 3, cells, cell_kinds, texts, _number)
+        table[at, 1], kinds[at, 1] = cells, cell_kinds
+        decimal_cells(values[rows], 6, cells, cell_kinds, texts, _number)
+        table[at, 2], kinds[at, 2] = cells, cell_kinds
+        cells, cell_kinds = cells[:len(gaps)], cell_kinds[:len(gaps)]
+        decimal_cells(ends[rows[gaps]] * 1e6, 3, cells, cell_kinds, texts, _number)
+        table[zero, 1], kinds[zero, 1] = cells, cell_kinds
+        table[zero, 2], kinds[zero, 2] = 0, INT
+        out.append(_COUNTER_ROWS.format_array(table, kinds, texts))
+    return out
+
+
+_COUNTER_ROWS = RowText(["", "", ',"args":{"utilisation":', "}}"], ",")
 
 
 def _compact(value) -> str:
@@ -193,12 +305,14 @@ def write_trace(path: Path, result: RunResult, topo, timeline=None,
     """Write ``trace.json``: :func:`trace_document` as compact JSON, streamed event by event (the
     reference run's is about 50 MB: no document of a million dicts is built)."""
     other = {"traced_ranks": sorted(result.traces), **(metadata or {})}
-    with path.open("w") as f:
-        f.write('{"traceEvents":[')
-        sep = ""
-        for chunk in _trace_chunks(result, topo, timeline):
-            if chunk:  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
+    # every text is ASCII (json's escapes, numbers, the fixed keys): written as bytes, the counters
+    # straight from the compiled formatter's buffer; the last newline as text mode writes it
+    with path.open("wb") as f:
+        f.write(b'{"traceEvents":[')
+        sep = b""
+        for chunk in _trace_chunks(result, topo, timeline, joined=True):
+            if len(chunk):  # each list joined in one call (in C): a rank's or a tier's events, a few MB at most
                 f.write(sep)
-                f.write(",".join(chunk))
-                sep = ","
-        f.write(f'],"otherData":{_compact(other)}}}\n')
+                f.write(chunk if isinstance(chunk, np.ndarray) else ",".join(chunk).encode("ascii"))
+                sep = b","
+        f.write(f'],"otherData":{_compact(other)}}}{os.linesep}'.encode("ascii"))

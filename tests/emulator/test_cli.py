@@ -154,3 +154,17 @@ def test_collbench_slow_link(capsys):
     assert main([*base, "--slow-link", "node1.nic0=0.25"]) == 0
     degraded = json.loads(capsys.readouterr().out)[0]["busbw_GBps"]
     assert degraded == pytest.approx(healthy / 4, rel=0.01)
+
+
+def test_a_command_of_this_file_parses_alike_without_the_studies_imported():
+    """``emulator run ...`` builds only what it parses (emulator/cli.py ``_OWN``): the same
+    namespace as the whole parser's, and the studies and the capture are not imported for it."""
+    from emulator.cli import _OWN, build_parser
+
+    argv = ["run", "configs/examples/ping-pong.yaml", "--quiet", "--set", "a.b=1", "--trace-ranks", "0-3"]
+    assert build_parser("run").parse_args(argv) == build_parser().parse_args(argv)
+    assert "run" in _OWN and "torchrun" not in _OWN and "plan" not in _OWN
+    code = ("import sys; from emulator.cli import build_parser; build_parser('run'); "
+            "print(sorted(m for m in sys.modules if m.startswith(('emulator.studies', 'emulator.capture'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -101,7 +101,9 @@ STREAMS = ["compute", "comm", "pp.recv.fwd0", "tp", "dp.grad"]
 def _ops(rng: random.Random, n: int) -> list[tuple]:
     ops = []
     for _ in range(n):
-        start = rng.choice([0, rng.randrange(10**4), rng.randrange(10**13), 1_000_000_000_007])
+        start = rng.choice([0, rng.randrange(10**4), rng.randrange(10**13), 1_000_000_000_007,
+                            # past 15 digits (repr's shortest text is not the decimal), past int64
+                            10**15 + rng.randrange(10**4), 2**53 + 1, *([2**64 + 5] if rng.random() < 0.02 else [])])
         end = start + rng.choice([0, 1, rng.randrange(10**6), rng.randrange(10**12)])
         ops.append((rng.choice(STREAMS), rng.choice(NAMES) + rng.choice(["", f" mb{rng.randrange(4)}"]),
                     rng.randrange(len(KIND_NAMES)), start, end))  # fmt: skip
@@ -193,3 +195,34 @@ def test_bucket_seconds_are_pythons_floats():
                                    (2**40, 2**40 + 10, 10**6), (-3, 3, 100)]:  # fmt: skip
         expected = [slot * bucket_ns / 1e9 for slot in range(first, last + 1)]
         assert repr(bucket_seconds(first, last, bucket_ns)) == repr(expected)
+
+
+def _dense_timeline(rng: random.Random, tiers: int) -> list[dict[int, int]]:
+    """Slots close together (the numpy path of timeline_columns), the tiers' slots overlapping."""
+    base = rng.choice([0, rng.randrange(100), rng.randrange(10**9)])
+    out = []
+    for _ in range(tiers):
+        slots = rng.sample(range(base, base + 400), rng.randrange(0, 300))
+        out.append({slot: rng.choice([1, rng.randrange(1, 2**20), rng.randrange(1, 2**50), 2**53 + 1])
+                    for slot in slots})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_timeline_columns_by_numpy_are_the_reference_rows(dp_dir, tmp_path, seed):
+    """Dense buckets, counts to 2**53 + 1, any bucket size: the arrays' rows are the Python statement's
+    (the same ints and floats), and so are the files."""
+    from emulator.results.tables import timeline_columns
+
+    config = load_run(dp_dir / "config.yaml")
+    topo = Topology(config.cluster)
+    rng = random.Random(seed)
+    result = _fuzzed(rng, topo)
+    result.timeline = _dense_timeline(rng, len(topo.tier_names))
+    cols = timeline_columns(result, topo)
+    assert not cols.bucket or ("array", "bucket") in cols._texts  # the numpy path ran
+    rows = reference_timeline_rows(result, topo)
+    assert repr(cols.rows()) == repr(rows)
+    out, _ = write_results(tmp_path / "run", config, {"name": "x", "fingerprint": "y"}, result, topo)
+    assert (out / "timeline.csv").read_bytes() == reference_csv(rows).encode()
+    assert (out / "trace.json").read_text() == reference_trace(result, topo, rows, {"name": "x", "fingerprint": "y"})
