@@ -292,3 +292,24 @@ def test_finish_reports_failed_and_interrupted_runs():
     monitor.finish({"sim_time_s": 2.0, "iteration_times_s": [1.0, 1.0]})
     snap = monitor.snapshot
     assert (snap.status, snap.run_progress, snap.iterations_done) == ("completed", 1.0, 2)
+
+
+def test_finish_hot_links_are_each_tiers_busiest():
+    """finish() with a result: each tier's ``hot_links`` busiest links (busy time, then link id), in
+    that order overall - checked against sorting every link of the tier."""
+    config = from_dict(RunConfig, {"program": "x.py:f", "cluster": cluster_dict()}, "")
+    monitor = Monitor(config, run_id="r")
+    tiers = monitor.topo.link_tier
+    # busy times with ties, so that the link id decides
+    links = {link: (link * 7, (link * 37) % 11 * 1000, 1, 0) for link in range(len(tiers))}
+    monitor.finish({"sim_time_s": 2.0}, SimpleNamespace(links=links))
+    k = monitor.state.hot_links
+    expected = sorted(
+        entry
+        for tier in set(tiers)
+        for entry in sorted((-busy, link, nbytes) for link, (nbytes, busy, _, _) in links.items()
+                            if tiers[link] == tier)[:k]
+    )  # fmt: skip
+    got = [(link, nbytes, busy_s) for link, nbytes, busy_s, _, _ in monitor.snapshot.hot_links]
+    assert got == [(link, nbytes, -busy / 1e9) for busy, link, nbytes in expected]
+    assert len(set(tiers)) > 1 and len(got) == k * len(set(tiers))
