@@ -14,7 +14,10 @@ heap by key. The keys are those the reference path would create: a step's ``seq`
 counter of steps (its relative order among the rank's steps is push order, as in the reference),
 and a hand-over's ``seq`` is the sender's message counter, shared with point-to-point sends
 (``mseq``), so that every key is unique across both heaps and the merged order is the reference
-order.
+order. A point-to-point receive's completion (a message meeting its waiting receive at the
+hand-over) is ``(delivery or the receive's start, EV_OP_DONE, rank, rank, seq)``, its ``seq``
+taken from the rank's one event counter at the hand-over (``pseq``: the per-op engine's rank rows,
+shared with the Python rules), as p2p.PointToPoint._handover takes it.
 
 State is a set of numpy arrays (no numba containers: unboxing those costs microseconds per call):
 a binary heap, a message store with a free list, an open-addressing hash table for the mailbox and
@@ -44,8 +47,9 @@ assert (EV_HANDOVER, EV_STEP, EV_OP_DONE) == (events.EV_HANDOVER, events.EV_STEP
 # -- scalar slots of ``st`` -------------------------------------------------------------------
 (HEAP_N, EVENTS, MSG_N, MFREE_N, HT_FILL, N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT, ACTIVE, OUT_N,
  PEND_N, STATUS, RET_RUN, RET_T, RET_RANK, RET_PEER, RET_SIG_LO, RET_SIG_HI, FOLD, SHARD, BUCKET,
- MAXX, TOP_T, TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ, SEQ_COL, N_ST) = range(31)  # fmt: skip
-# RECV_DONE: a point-to-point receive completed (RET_RUN: its id, RET_T, RET_RANK); RECV_MISMATCH:
+ MAXX, TOP_T, TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ, SEQ_COL, RET_SEQ, N_ST) = range(32)  # fmt: skip
+# RECV_DONE: a point-to-point receive completed (RET_RUN: its id, RET_T, RET_RANK, RET_SEQ: its
+# event's key is (RET_T, EV_OP_DONE, RET_RANK, RET_RANK, RET_SEQ)); RECV_MISMATCH:
 # a message met a waiting receive of another size (RET_RUN, RET_RANK, RET_PEER: the sender,
 # RET_SIG_LO: the message's size, RET_T: the hand-over)
 OK, COMPLETE, MISMATCH, GROW, RECV_DONE, RECV_MISMATCH = 0, 1, 2, 3, 4, 5
@@ -624,7 +628,7 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
         if not _room(st, heap, msg, htk, outb, pend):
             st[STATUS] = GROW
             break
-        t, kind, rank, payload = heap[0, 0], heap[0, 1], heap[0, 2], heap[0, 5]
+        t, kind, rank, seq, payload = heap[0, 0], heap[0, 1], heap[0, 2], heap[0, 4], heap[0, 5]
         _pop(heap, st)
         st[EVENTS] += 1
         if kind == EV_HANDOVER:
@@ -634,6 +638,7 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
             st[STATUS] = RECV_DONE
             st[RET_RUN] = payload
             st[RET_RANK] = rank
+            st[RET_SEQ] = seq
             st[RET_T] = t
             break
         else:

@@ -13,7 +13,10 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE
 from emulator.engine.netcore import NetCore
+from emulator.engine.netkernels import RECV_DONE, RET_RANK, RET_SEQ, RET_T
+from emulator.engine.ops import RECV
 from emulator.engine.p2p import PointToPoint
+from emulator.engine.shard import Shard
 from emulator.errors import ProgramError
 from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS
@@ -58,6 +61,40 @@ def test_a_straggler_and_tiny_arrays_change_nothing(monkeypatch):
     reference = _run("python", 2, straggler)
     monkeypatch.setattr(NetCore, "INITIAL", {name: 2 for name in NetCore.INITIAL})
     assert _run("compiled", 2, straggler) == reference
+
+
+def _completion_keys(engine: str, shards: int, monkeypatch) -> list[tuple]:
+    """The key of every receive's completion event, in both paths: pushed by the Python rules
+    (Shard._push) or popped in the core (its RECV_DONE report)."""
+    keys = []
+    push, core_receive = Shard._push, PointToPoint._core_receive
+
+    def pushed(self, t, kind, gpu, obj):
+        push(self, t, kind, gpu, obj)
+        if kind == EV_OP_DONE and obj.kind == RECV:
+            keys.append((t, kind, gpu.rank, gpu.rank, gpu.seq))
+
+    def reported(self, status):
+        st = self.core.st
+        if status == RECV_DONE:
+            rank = int(st[RET_RANK])
+            keys.append((int(st[RET_T]), EV_OP_DONE, rank, rank, int(st[RET_SEQ])))
+        core_receive(self, status)
+
+    monkeypatch.setattr(Shard, "_push", pushed)
+    monkeypatch.setattr(PointToPoint, "_core_receive", reported)
+    execute(load_run(RUN, [*SMALL, f"engine.collective_engine={engine}"]), shards=shards)
+    monkeypatch.undo()
+    return sorted(keys)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_receive_completions_have_the_python_rules_keys(shards, monkeypatch):
+    """The seq of a completion taken at the hand-over from the rank's one counter: a seq taken
+    late, early or not counted would change keys that ties may never reveal in results."""
+    compiled = _completion_keys("compiled", shards, monkeypatch)
+    assert compiled == _completion_keys("python", shards, monkeypatch)
+    assert len(compiled) == len(set(compiled)) > 100
 
 
 def _mismatch(engine: str, rank: int, nth: int, monkeypatch) -> tuple:
