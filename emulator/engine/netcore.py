@@ -58,6 +58,8 @@ from emulator.engine.netkernels import (
     RT_TIER,
     S_RLO,
     S_SLO,
+    SEND_KIND,
+    SEQ_COL,
     SHARD,
     SIG_BITS,
     SIG_MASK,
@@ -71,6 +73,8 @@ from emulator.engine.netkernels import (
     deliver_records,
     rehash,
     run_events,
+    send_message,
+    start_receive,
     start_run,
     timeline_add,
 )  # fmt: skip
@@ -80,9 +84,14 @@ from netmodel.collectives.base import OPS
 from netmodel.topology import Topology
 
 KIND_INDEX = {name: i for i, name in enumerate(OPS)}
+# the message kinds of the size histograms (ShardStats.kind_hist): the collectives', then the sends'
+KINDS = (*OPS, "send")
+assert KINDS.index("send") == SEND_KIND, "netkernels.SEND_KIND follows netmodel's OPS"
 _ARRAYS = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "segs", "xf", "cnt", "rt", "rbw",
            "lbw", "lfree", "lwp", "lwns", "lwf", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs", "mseq",
-           "outb")  # fmt: skip
+           "outb", "pseq", "pidx")  # fmt: skip
+_SEND_ARRAYS = ("st", "heap", "msg", "mfree", "htk", "rt", "rbw", "lbw", "lfree", "lwp", "lwns", "lwf", "lstat",
+                "tstat", "khist", "tl", "pend", "rank_shard", "mseq", "outb", "px")  # fmt: skip
 
 
 class NetCore:
@@ -127,7 +136,7 @@ class NetCore:
         # kind, summed over members
         self.collective_ns: dict[str, list[int]] = {}
         self.tstat = np.zeros((tiers, 2 + HIST), i64)  # bytes, messages, size histogram
-        self.khist = np.zeros((len(OPS), HIST), i64)
+        self.khist = np.zeros((len(KINDS), HIST), i64)
         self.tl = np.zeros((tiers, size["tl"]), i64)
         self.pend = np.zeros((size["pend"], 5), i64)
         self.rank_shard = np.array(rank_shard, i64)
@@ -137,6 +146,14 @@ class NetCore:
         self.mseq_py = array.array("q", bytes(8 * world))
         self.mseq = np.frombuffer(self.mseq_py, dtype=i64)
         self.outb = np.zeros((size["outb"], 14), i64)
+        # point-to-point messages (attach_events): the ranks' event counters (the per-op engine's
+        # rank rows, opcore.OpCore.rs, column st[SEQ_COL]) and rank -> row; until then, stand-ins
+        self.pseq = np.zeros((1, 1), i64)
+        self.pidx = np.zeros(1, i64)
+        self.px = np.zeros((1, 5), i64)  # send_message's scratch transfer row
+        self.stv = memoryview(self.st)  # the top's time at a third of numpy's element access
+        self.recvs: dict[int, tuple] = {}  # a waiting receive's id -> (gpu, op)
+        self.recv_ids = 0
         self._rids: dict[tuple[int, int], int] = {}
         self._templates: dict[tuple, tuple] = {}
         self.ops: dict[int, tuple] = {}  # active run -> (gpu, op)
@@ -146,6 +163,7 @@ class NetCore:
 
     def _pack(self) -> None:
         self.args = tuple(getattr(self, name) for name in _ARRAYS)
+        self.send_args = tuple(getattr(self, name) for name in _SEND_ARRAYS)
         # the kernels view them through their data pointers (netkernels._view)
         assert all(a.flags.c_contiguous for a in self.args), "the kernels' arrays are C-contiguous"
 
@@ -308,6 +326,45 @@ class NetCore:
         idx = np.nonzero(waiting)[0]
         return sorted({int(self.htk[i, 4]) for i in idx if int(self.chans[self.htv[i, 0], C_RUN]) in runs})
 
+    # -- point-to-point messages (p2p.PointToPoint, where the core takes them) --------------------
+    def attach_events(self, rs: np.ndarray, rank_index: np.ndarray, seq_col: int) -> None:
+        """Take point-to-point messages: a receive's completion takes its rank's event counter,
+        column ``seq_col`` of row ``rank_index[rank]`` of ``rs`` (the per-op engine's, shared with
+        the Python rules: CompiledGPU.seq)."""
+        self.pseq, self.pidx = rs, rank_index
+        self.st[SEQ_COL] = seq_col
+        self._pack()
+
+    def send(self, src: int, dst: int, size: int, tag: int, k: int, t: int) -> int:
+        """A pipeline send's message (group id 0): when its tail leaves the up-links."""
+        rid = self._rids.get((src, dst))
+        if rid is None:
+            rid = self.rid(src, dst)
+        end_up = send_message(*self.send_args, src, dst, rid, size, tag, k, t)
+        if end_up < 0:  # an array is full (netkernels._room): nothing was done
+            self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
+            end_up = send_message(*self.send_args, src, dst, rid, size, tag, k, t)
+        t_top = self.stv[TOP_T]
+        if 0 <= t_top < NO_LIMIT:
+            self.top = t_top
+        else:
+            self._read_top()
+        return end_up
+
+    def receive(self, gpu, op, src: int, tag: int, k: int, t: int) -> int:
+        """A pipeline receive starts: its message's delivery time (taken from the mailbox), or -1
+        when it waits (its completion comes as RECV_DONE), or -3 for a message of another size
+        (``st[RET_SIG_LO]``)."""
+        recv = self.recv_ids
+        got = start_receive(self.st, self.htk, self.htv, self.hts, gpu.rank, src, tag, k, recv, op.b, t)
+        if got == -2:  # the hash table is full
+            self._ensure(0, 0, 0, 0, 0, 2)
+            got = start_receive(self.st, self.htk, self.htv, self.hts, gpu.rank, src, tag, k, recv, op.b, t)
+        if got == -1:
+            self.recvs[recv] = (gpu, op)
+            self.recv_ids = recv + 1
+        return got
+
     # -- cross-shard messages -----------------------------------------------------------------
     def deliver(self, records: list) -> None:
         """Collective messages from other shards (outbox tuples)."""
@@ -354,7 +411,7 @@ class NetCore:
         for kind, row in enumerate(self.khist.tolist()):
             if not any(row):
                 continue
-            hist = stats.kind_hist.setdefault(OPS[kind], {})
+            hist = stats.kind_hist.setdefault(KINDS[kind], {})
             for b, count in enumerate(row):
                 if count:
                     hist[b] = hist.get(b, 0) + count
@@ -445,6 +502,9 @@ def warm_up() -> None:
     topo = Topology(ClusterConfig())
     core = NetCore(topo, 0, [0] * topo.world_size, 1, ShardStats(topo))
     run_events(*core.args, 0, 0, 0, 0, 0, 0)
+    core.attach_events(np.zeros((1, 1), np.int64), np.zeros(topo.world_size, np.int64), 0)
+    core.send(0, 1, 1, 0, 0, 0)
+    core.receive(_Recv0(), _Recv0(), 1, 0, 0, 0)
     start_run(*core.args, 0, 0)  # a run without channels
     core.st[ACTIVE] = 0
     deliver_records(core.st, core.heap, core.msg, core.mfree, np.zeros((0, 12), np.int64), np.zeros(0, np.int64))
@@ -454,3 +514,10 @@ def warm_up() -> None:
 
     warm_up_ops()
 
+
+
+class _Recv0:
+    """warm_up's stand-in of a receive (as ``gpu`` and ``op``: rank 0, size 1)."""
+
+    rank = 0
+    b = 1

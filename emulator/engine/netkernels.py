@@ -14,7 +14,10 @@ heap by key. The keys are those the reference path would create: a step's ``seq`
 counter of steps (its relative order among the rank's steps is push order, as in the reference),
 and a hand-over's ``seq`` is the sender's message counter, shared with point-to-point sends
 (``mseq``), so that every key is unique across both heaps and the merged order is the reference
-order.
+order. A point-to-point receive's completion (a message meeting its waiting receive at the
+hand-over) is ``(delivery or the receive's start, EV_OP_DONE, rank, rank, seq)``, its ``seq``
+taken from the rank's one event counter at the hand-over (``pseq``: the per-op engine's rank rows,
+shared with the Python rules), as p2p.PointToPoint._handover takes it.
 
 State is a set of numpy arrays (no numba containers: unboxing those costs microseconds per call):
 a binary heap, a message store with a free list, an open-addressing hash table for the mailbox and
@@ -37,14 +40,19 @@ from emulator.engine import events
 
 # The event kinds, as literals: numba freezes globals into cached kernels and only notices changes
 # to this file, so a change in events.py must fail here rather than reorder events silently.
-EV_HANDOVER, EV_STEP = 0, 1
-assert (EV_HANDOVER, EV_STEP) == (events.EV_HANDOVER, events.EV_STEP), "update netkernels' event kinds"
+EV_HANDOVER, EV_STEP, EV_OP_DONE = 0, 1, 2
+assert (EV_HANDOVER, EV_STEP, EV_OP_DONE) == (events.EV_HANDOVER, events.EV_STEP, events.EV_OP_DONE), (
+    "update netkernels' event kinds")
 
 # -- scalar slots of ``st`` -------------------------------------------------------------------
 (HEAP_N, EVENTS, MSG_N, MFREE_N, HT_FILL, N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT, ACTIVE, OUT_N,
  PEND_N, STATUS, RET_RUN, RET_T, RET_RANK, RET_PEER, RET_SIG_LO, RET_SIG_HI, FOLD, SHARD, BUCKET,
- MAXX, TOP_T, TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ, N_ST) = range(30)  # fmt: skip
-OK, COMPLETE, MISMATCH, GROW = 0, 1, 2, 3
+ MAXX, TOP_T, TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ, SEQ_COL, RET_SEQ, N_ST) = range(32)  # fmt: skip
+# RECV_DONE: a point-to-point receive completed (RET_RUN: its id, RET_T, RET_RANK, RET_SEQ: its
+# event's key is (RET_T, EV_OP_DONE, RET_RANK, RET_RANK, RET_SEQ)); RECV_MISMATCH:
+# a message met a waiting receive of another size (RET_RUN, RET_RANK, RET_PEER: the sender,
+# RET_SIG_LO: the message's size, RET_T: the hand-over)
+OK, COMPLETE, MISMATCH, GROW, RECV_DONE, RECV_MISMATCH = 0, 1, 2, 3, 4, 5
 SIG_BITS = 62  # signatures are Python ints up to 2^64: kept as two int64 halves
 SIG_MASK = (1 << SIG_BITS) - 1
 NO_LIMIT = 1 << 62  # "no horizon" / "no Python event" as an int64
@@ -58,7 +66,9 @@ C_RUN, C_SEG, C_SEG_END, C_REP, C_PENDING, C_TEND, C_RANK = range(7)
 S_SLO, S_SN, S_RLO, S_RN, S_REP = range(5)
 X_PEER, X_SIZE, X_CHAN, X_RID, X_CSLOT = range(5)
 RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then down links
-HT_EMPTY, HT_MSG, HT_WAITER = range(3)
+# HT_RECV: a point-to-point receive waiting (values: its id, its size, its start time)
+HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
+SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
 
 
 # -- views without reference counts ------------------------------------------------------------
@@ -83,13 +93,13 @@ def _view(a):
 
 @njit(cache=True, inline="always")
 def _views(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-           tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb):  # fmt: skip
+           tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx):  # fmt: skip
     """The entry kernels' arguments as views (the order of NetCore.args): one description for both
     entry points (inlined: no call, and the views carry no counts to update)."""
     return (_view(st), _view(heap), _view(msg), _view(mfree), _view(htk), _view(htv), _view(hts), _view(runs),
             _view(chans), _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw), _view(lbw), _view(lfree),
             _view(lwp), _view(lwns), _view(lwf), _view(lstat), _view(tstat), _view(khist), _view(tl), _view(pend),
-            _view(rank_shard), _view(cseqs), _view(mseq), _view(outb))  # fmt: skip
+            _view(rank_shard), _view(cseqs), _view(mseq), _view(outb), _view(pseq), _view(pidx))  # fmt: skip
 
 
 # -- heap ---------------------------------------------------------------------------------------
@@ -429,8 +439,8 @@ def _mismatch(st, run, rank, peer, sig_lo, sig_hi, t):
 
 
 @njit(cache=True, inline="always")
-def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, cseqs, m,
-              t):  # fmt: skip
+def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, cseqs, pseq,
+              pidx, m, t):  # fmt: skip
     rid = msg[m, M_RID]
     size = msg[m, M_SIZE]
     nup = rt[rid, RT_NUP]
@@ -455,7 +465,25 @@ def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lf
     sig_lo, sig_hi = msg[m, M_SIG_LO], msg[m, M_SIG_HI]
     mfree[st[MFREE_N]] = m
     st[MFREE_N] += 1
-    i = _ht_find(htk, hts, HT_WAITER, dst, gid, cseq, chan, src, k)
+    # a point-to-point message (group id 0, p2p.PointToPoint._handover) meets a waiting receive
+    i = _ht_find(htk, hts, HT_WAITER if gid != 0 else HT_RECV, dst, gid, cseq, chan, src, k)
+    if i >= 0 and gid == 0:
+        recv, want, t_start = htv[i, 0], htv[i, 1], htv[i, 2]
+        _ht_delete(htk, htv, hts, st, i)
+        if want != size:
+            st[STATUS] = RECV_MISMATCH
+            st[RET_RUN] = recv
+            st[RET_RANK] = dst
+            st[RET_PEER] = src
+            st[RET_SIG_LO] = size
+            st[RET_T] = t
+            return
+        # the receive's completion takes the rank's one event counter now, as Shard._push would
+        row = pidx[dst]
+        s = pseq[row, st[SEQ_COL]] + 1
+        pseq[row, st[SEQ_COL]] = s
+        _push(heap, st, max(delivery, t_start), EV_OP_DONE, dst, dst, s, recv)
+        return
     if i < 0:
         j = _ht_insert(htk, hts, st, HT_MSG, dst, gid, cseq, chan, src, k)
         htv[j, 0] = delivery
@@ -585,13 +613,14 @@ def _set_top(st, heap):
 # end). The kernels touch no Python object; the shard's thread is the only one that calls them.
 @njit(cache=True, nogil=True)
 def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
-               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, l0, l1, l2, l3, l4, horizon):  # fmt: skip
+               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, l0, l1, l2, l3, l4,
+               horizon):  # fmt: skip
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
     Python heap's top); stop after an event that needs Python (STATUS) or when an array is full."""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb) = _views(
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx) = _views(
         st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb)  # fmt: skip
+        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx)  # fmt: skip
     st[STATUS] = OK
     while st[HEAP_N] > 0:
         if heap[0, 0] >= horizon or not _top_before(heap, l0, l1, l2, l3, l4):
@@ -599,12 +628,19 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
         if not _room(st, heap, msg, htk, outb, pend):
             st[STATUS] = GROW
             break
-        t, kind, payload = heap[0, 0], heap[0, 1], heap[0, 5]
+        t, kind, rank, seq, payload = heap[0, 0], heap[0, 1], heap[0, 2], heap[0, 4], heap[0, 5]
         _pop(heap, st)
         st[EVENTS] += 1
         if kind == EV_HANDOVER:
             _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-                      cseqs, payload, t)  # fmt: skip
+                      cseqs, pseq, pidx, payload, t)  # fmt: skip
+        elif kind == EV_OP_DONE:  # a point-to-point receive completes: the shard completes its op
+            st[STATUS] = RECV_DONE
+            st[RET_RUN] = payload
+            st[RET_RANK] = rank
+            st[RET_SEQ] = seq
+            st[RET_T] = t
+            break
         else:
             _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
                   lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, payload, t)  # fmt: skip
@@ -615,12 +651,12 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
 
 @njit(cache=True, nogil=True)
 def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
-              lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, run, t):  # fmt: skip
+              lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, run, t):  # fmt: skip
     """A member starts a collective at ``t``: the first step of each of its channels, in order."""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb) = _views(
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx) = _views(
         st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb)  # fmt: skip
+        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx)  # fmt: skip
     st[STATUS] = OK
     st[ACTIVE] += 1
     lo = runs[run, R_CLO]
@@ -646,3 +682,46 @@ def deliver_records(st, heap, msg, mfree, recs, rids):
         msg[m, M_RID] = rids[i]
         _push(heap, st, recs[i, M_T], EV_HANDOVER, recs[i, M_DST], recs[i, M_SRC], recs[i, M_SEQ], m)
     _set_top(st, heap)
+
+
+# -- point-to-point messages (p2p.PointToPoint's compiled path) ----------------------------------
+@njit(cache=True, nogil=True)
+def send_message(st, heap, msg, mfree, htk, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
+                 rank_shard, mseq, outb, px, src, dst, rid, size, tag, k, t):  # fmt: skip
+    """A pipeline send's message (PointToPoint._inject: group id 0, keyed by its tag and its number
+    ``k`` among the sender's messages to ``dst`` with that tag, signed with its size) put on its
+    up-links at ``t``; returns when its tail has left, or -1 (nothing done) when an array is full."""
+    if not _room(st, heap, msg, htk, outb, pend):
+        return -1
+    # _inject reads the message from a transfer row: one scratch row (its slot and channel unused)
+    px[0, X_PEER] = dst
+    px[0, X_SIZE] = size
+    px[0, X_CHAN] = 0
+    px[0, X_RID] = rid
+    end_up = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
+                     rank_shard, mseq, outb, px, 0, src, 0, tag, k, size, 0, SEND_KIND, t)  # fmt: skip
+    _set_top(st, heap)
+    return end_up
+
+
+@njit(cache=True, nogil=True)
+def start_receive(st, htk, htv, hts, rank, src, tag, k, recv, size, t):
+    """A pipeline receive starts at ``t`` (PointToPoint._start_recv): its message's delivery time
+    when the message is in the mailbox (taken out; -3 when its size differs from ``size``: then
+    ``st[RET_SIG_LO]`` is the message's), else -1: the receive ``recv`` waits for it (-2: nothing
+    done, the hash table is full)."""
+    i = _ht_find(htk, hts, HT_MSG, rank, 0, tag, 0, src, k)
+    if i >= 0:
+        delivery, got = htv[i, 0], htv[i, 1]
+        _ht_delete(htk, htv, hts, st, i)
+        if got != size:
+            st[RET_SIG_LO] = got
+            return -3
+        return delivery
+    if 2 * (st[HT_FILL] + 1) > htk.shape[0]:
+        return -2
+    j = _ht_insert(htk, hts, st, HT_RECV, rank, 0, tag, 0, src, k)
+    htv[j, 0] = recv
+    htv[j, 1] = size
+    htv[j, 2] = t
+    return -1

@@ -2,22 +2,42 @@
 receiver after the route's latency (in this shard's heap, or through another shard's inbound
 batch), and matched there with a pipeline receive or a collective's channel waiting for it.
 :class:`PointToPoint` is part of :class:`~emulator.engine.shard.Shard` (as collective_run's
-CollectiveExecution is), kept apart so that the event loop reads on its own; the compiled message
-core (netcore.py) takes collective messages where it applies."""
+CollectiveExecution is), kept apart so that the event loop reads on its own.
+
+The compiled message core (netcore.py) takes collective messages where it applies
+(``Shard.compiled``) and, in shards that run the compiled per-op engine too (whose rank rows hold
+the ranks' event counters, which a receive's completion key takes), the point-to-point ones:
+a send's injection is one kernel call (NetCore.send), its hand-over an event of the core's heap
+with the key this module would give it, and the match with a waiting receive or the mailbox
+happens there; a receive that completes comes back as RECV_DONE with the key ``_push`` would have
+given it then (Shard._run_core -> :meth:`PointToPoint._core_receive`). The rules below are the
+specification; tests/emulator/test_netcore.py holds the two paths equal."""
 
 from __future__ import annotations
 
 import heapq
 
 from emulator.engine.collective_run import Chan
-from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP
+from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, at_event
+from emulator.engine.netkernels import RECV_DONE, RET_PEER, RET_RANK, RET_RUN, RET_SIG_LO, RET_T
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
-from emulator.errors import ProgramError
+from emulator.errors import EmulatorError, ProgramError
 
 
 class PointToPoint:
     """The message methods of Shard (its links, topology, heap, outbox and GPUs)."""
+
+    p2p_core = False  # whether the compiled message core takes point-to-point messages
+
+    def _compile_messages(self) -> None:
+        """Point-to-point messages through the compiled core (see the module docstring), where it
+        applies: before any program runs."""
+        if self.compiled and self.ops_core is not None:
+            from emulator.engine.opkernels import R_SEQ
+
+            self.core.attach_events(self.ops_core.rs, self.ops_core.rank_index, R_SEQ)
+            self.p2p_core = True
 
     def _inject(self, gpu: VirtualGPU, dst: int, size: int, key_head: tuple, sig: int, t: int, kind: str) -> int | None:
         """Put a message on the sender's up-links at ``t``; returns when its tail has left, or None
@@ -49,7 +69,8 @@ class PointToPoint:
             rec = tuple(rec)
             # the round protocol's promise: nothing arrives stamped before what was already processed
             assert rec[0] >= self.done_until, (rec[0], self.done_until, self.index)
-            if rec[6] and self.compiled:  # a collective's message (group id != 0): the core's
+            # a collective's message (group id != 0), or any with p2p_core: the core's
+            if self.p2p_core or (rec[6] and self.compiled):
                 collective.append(rec)
             else:
                 push(self.heap, (rec[0], EV_HANDOVER, rec[1], rec[2], rec[3], rec))
@@ -81,7 +102,10 @@ class PointToPoint:
         dst, size, tag = op.a, op.b, op.c
         k = gpu.p2p_send.get((dst, tag), 0)
         gpu.p2p_send[(dst, tag)] = k + 1
-        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
+        if self.p2p_core:
+            end = self.core.send(gpu.rank, dst, size, tag, k, t)
+        else:
+            end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
         if end is not None:  # else lost to a failure: the send never ends
             self._push(end, EV_OP_DONE, gpu, op)
 
@@ -90,6 +114,17 @@ class PointToPoint:
         src, _size, tag = op.a, op.b, op.c
         k = gpu.p2p_recv.get((src, tag), 0)
         gpu.p2p_recv[(src, tag)] = k + 1
+        if self.p2p_core:
+            delivery = self.core.receive(gpu, op, src, tag, k, t)
+            if delivery == -1:
+                return True
+            if delivery == -3:  # a message of another size
+                self._check_recv(gpu, op, src, int(self.core.st[RET_SIG_LO]))
+            if delivery > t:
+                self._push(delivery, EV_OP_DONE, gpu, op)
+                return True
+            self._complete(gpu, op, t, start_next=False)
+            return False
         key = (0, tag, 0, src, k)
         msg = gpu.mailbox.pop(key, None)
         if msg is None:
@@ -101,6 +136,24 @@ class PointToPoint:
             return True
         self._complete(gpu, op, t, start_next=False)
         return False
+
+    def _core_receive(self, status: int) -> None:
+        """The core stopped at a receive: completed (RECV_DONE), or met by a message of another
+        size at its hand-over; errors carry the key of the event that the Python path raises at."""
+        st = self.core.st
+        t = int(st[RET_T])
+        gpu, op = self.core.recvs.pop(int(st[RET_RUN]))
+        assert gpu.rank == int(st[RET_RANK])
+        self.now = t
+        try:
+            if status == RECV_DONE:
+                self._complete(gpu, op, t)
+            else:
+                self._check_recv(gpu, op, int(st[RET_PEER]), int(st[RET_SIG_LO]))
+                raise AssertionError("a receive's mismatch without one")
+        except EmulatorError as exc:
+            at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, gpu.rank))
+            raise
 
     def _check_recv(self, gpu: VirtualGPU, op: Op, src: int, size: int) -> None:
         if size != op.b:

@@ -35,7 +35,7 @@ from emulator.engine.folding import is_representative
 from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
-from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RET_RANK, RET_T
+from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
 from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
@@ -122,6 +122,7 @@ class Shard(PointToPoint, CollectiveExecution):
                 and self.failures is None and (faults is None or not (faults.jitter or faults.windows))
                 and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
+        self._compile_messages()  # point-to-point messages through the compiled core (p2p.py)
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -615,6 +616,8 @@ class Shard(PointToPoint, CollectiveExecution):
                 # step of a lower rank are ordered as if it were a handover (kind 0)
                 at_event(exc, (int(core.st[RET_T]), EV_HANDOVER, int(core.st[RET_RANK])))
                 raise
+        elif status >= RECV_DONE:  # a point-to-point receive (p2p.py)
+            self._core_receive(status)
         else:
             assert status in (0, GROW), status
 
