@@ -22,7 +22,9 @@ in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with thei
 
 from __future__ import annotations
 
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
@@ -550,18 +552,36 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_inde
 
 
 # -- entry points over the packed buffers (see H_* above) -------------------------------------------
-@njit(cache=True)
+# Views without reference counts (as netkernels.py's, issue 23): an array numba receives from
+# Python, or a slice of one, carries a reference count that numba updates with an atomic
+# instruction whenever a variable takes it - at every call of a helper, fifteen arrays each, several
+# helpers per event. A view made from the data pointer (carray) has no count to update. The entry
+# points make such views of the packed buffers once per call; the buffers stay alive in OpCore for
+# the whole call (replaced only between calls, when grown) and are C-contiguous (numpy.zeros).
+@intrinsic
+def _void_ptr(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(address), codegen
+
+
+@njit(cache=True, inline="always")
 def _rows(buf, h, cols):
     """The 2-D array of ``cols`` columns whose (offset, rows) header pair is at ``buf[h]`` (a view)."""
-    o, n = buf[h], buf[h + 1]
-    return buf[o : o + n * cols].reshape((n, cols))
+    return carray(_void_ptr(buf.ctypes.data + buf[h] * 8), (buf[h + 1], cols), buf.dtype)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _vec(buf, header, h):
     """The 1-D array whose (offset, length) pair is at ``header[h]``, in ``buf`` (a view)."""
-    o = header[h]
-    return buf[o : o + header[h + 1]]
+    return carray(_void_ptr(buf.ctypes.data + header[h] * 8), header[h + 1], buf.dtype)
+
+
+@njit(cache=True, inline="always")
+def _whole(a):
+    """``a`` as a view without a reference count."""
+    return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
 
 
 @njit(cache=True, inline="always")
@@ -589,6 +609,7 @@ def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap
 @njit(cache=True)
 def launch_rest(ib, gb, fb, tf, free, ri, now):
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
 
@@ -596,6 +617,7 @@ def launch_rest(ib, gb, fb, tf, free, ri, now):
 @njit(cache=True)
 def start_block(ib, gb, fb, tf, free, ri, t):
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
@@ -604,11 +626,13 @@ def start_block(ib, gb, fb, tf, free, ri, t):
 def cont(ib, gb, fb, tf, free, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)
 def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
+    free = _whole(free)
     _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
          _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
          _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
