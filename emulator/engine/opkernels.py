@@ -78,7 +78,7 @@ H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _less(ta, ra, sa, tb, rb, sb):
     if ta != tb:
         return ta < tb
@@ -87,7 +87,7 @@ def _less(ta, ra, sa, tb, rb, sb):
     return sa < sb
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push(heap, g, t, rank, seq, op):
     i = g[G_HEAPN]
     g[G_HEAPN] = i + 1
@@ -101,7 +101,7 @@ def _push(heap, g, t, rank, seq, op):
     heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pop(heap, g):
     n = g[G_HEAPN] - 1
     g[G_HEAPN] = n
@@ -121,7 +121,7 @@ def _pop(heap, g):
     heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _new_op(rs, ops, g, ri, kind, value):
     ring = g[G_RING]
     n = rs[ri, R_RING]
@@ -143,7 +143,7 @@ def _new_op(rs, ops, g, ri, kind, value):
     return op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add_dep(ops, g, op, on):
     """``op`` waits for ``on`` (not done): Shard.launch's dependents list."""
     n = ops[on, O_NDEP]
@@ -325,7 +325,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
     return ST_LIMIT
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
     """Shard._try_start on the rank's tensor stream."""
     op = rs[ri, R_THEAD]
@@ -461,7 +461,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
     g[G_STATUS] = ST_LAUNCHED
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """Shard._complete for a block op; returns a status when Python must act."""
     ops[op, O_STATE] = S_DONE
