@@ -147,6 +147,8 @@ class OpCore:
     def __init__(self, shard):
         self.shard = shard
         ranks = sorted(shard.gpus)
+        # the heap's packed keys hold a rank in RANK_BITS bits (opkernels._push)
+        assert shard.topo.world_size <= 1 << k.RANK_BITS, "compiled op engine: more GPUs than its keys hold"
         self.rank_index = np.full(shard.topo.world_size, -1, np.int64)
         for i, r in enumerate(ranks):
             self.rank_index[r] = i
@@ -158,9 +160,9 @@ class OpCore:
             ring *= 2
         # the fixed-size arrays live in two buffers (opkernels.H_*: one argument each per kernel call)
         n_links = len(shard.links.free)
-        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 4)),
+        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 3)),
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
-                 (k.H_RIDX, (shard.topo.world_size,)), (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
+                 (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
         self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) for _, shape in fixed), np.int64)
         at = k.IB_HEADER
         views = []
@@ -169,13 +171,11 @@ class OpCore:
             self.ib[h], self.ib[h + 1] = at, shape[0]
             views.append(self.ib[at : at + size].reshape(shape))
             at += size
-        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, rank_index, self.gr = views
+        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, self.gr = views
         self.fb = np.zeros(n * ring + n, np.float64)
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
-        rank_index[:] = self.rank_index
-        self.rank_index = rank_index
         for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
@@ -247,10 +247,10 @@ class OpCore:
         g = self.gm
         if g[k.G_ERR]:
             raise AssertionError(
-                "compiled op engine: a ring or dependency table overflowed"
-                if g[k.G_ERR] == 1
-                else "compiled op engine: a tensor group's members' calls differ"
-            )
+                {1: "compiled op engine: a ring or dependency table overflowed",
+                 2: "compiled op engine: a tensor group's members' calls differ",
+                 3: "compiled op engine: a rank's event counter passed its packed key's bound"}[g[k.G_ERR]]
+            )  # fmt: skip
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
             bucket = int(g[k.G_BUCKET])
@@ -266,12 +266,13 @@ class OpCore:
 
     def top_key(self) -> tuple:
         h = self.top_row
-        rank = h[1]
-        return h[0], 2, rank, rank, h[2]
+        key = h[1]  # rank << SEQ_BITS | seq (opkernels._push)
+        rank = key >> k.SEQ_BITS
+        return h[0], 2, rank, rank, key & k.SEQ_MASK
 
     def next_time_of(self, ranks) -> float:
         rows = self.heap[: int(self.g[k.G_HEAPN])]
-        times = rows[np.isin(rows[:, 1], np.fromiter(ranks, np.int64, len(ranks))), 0]
+        times = rows[np.isin(rows[:, 1] >> k.SEQ_BITS, np.fromiter(ranks, np.int64, len(ranks))), 0]
         return float(times.min()) if len(times) else INF
 
     # -- templates ---------------------------------------------------------------------------

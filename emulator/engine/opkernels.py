@@ -10,7 +10,7 @@ the rank's one counter, so the shard merges this heap with its own and the order
 tests/emulator/engine/test_opcore.py runs both paths and compares results bit for bit.
 
 State (all int64 unless said): ``rs[rank index, R_*]`` per rank, ``ops[op, O_*]`` per op (a ring of
-``ring`` slots per rank), ``heap[i] = (t, rank, seq, op)``, ``g[G_*]`` globals and the returned
+``ring`` slots per rank), ``heap[i] = (t, rank << SEQ_BITS | seq, op)``, ``g[G_*]`` globals and the returned
 status. Templates: ``ti[i] = (code, value, flag)`` with ``tf[i]`` the FLOPs, block ``b`` is rows
 ``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration as launched, flag its charged
 minus nominal ns on a slow GPU), ``I_M`` (collective: plan, flag 1 when overlapped), ``I_W`` (wait
@@ -59,6 +59,13 @@ GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
  G_ERR) = range(12)  # fmt: skip
 G_FIELDS = 12
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
+# a heap row's key: ``rank << SEQ_BITS | seq`` orders as ``(rank, seq)`` while rank < 2^RANK_BITS
+# (8,388,608 GPUs: OpCore checks the world size) and seq < 2^SEQ_BITS (10^12 events of one rank:
+# _push checks, G_ERR 3), one comparison after the time instead of two
+SEQ_BITS = 40
+RANK_BITS = 63 - SEQ_BITS
+SEQ_LIMIT = 1 << SEQ_BITS
+SEQ_MASK = SEQ_LIMIT - 1
 # statuses
 ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 # where an instant op (alloc, free) stopped the compute stream's loop (Shard._try_start's ``while``)
@@ -72,53 +79,54 @@ ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
 # timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
 # ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
-H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_GR, H_OF, H_RF = range(0, 22, 2)
-IB_HEADER = 22
+H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
+IB_HEADER = 20
 H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
 
 @njit(cache=True, inline="always")
-def _less(ta, ra, sa, tb, rb, sb):
-    if ta != tb:
-        return ta < tb
-    if ra != rb:
-        return ra < rb
-    return sa < sb
-
-
-@njit(cache=True, inline="always")
 def _push(heap, g, t, rank, seq, op):
+    """Push the event ``(t, EV_OP_DONE, rank, rank, seq)``: the row ``(t, rank << SEQ_BITS | seq, op)``,
+    ordered as that key (its kind and origin are the same on every row)."""
+    if seq >= SEQ_LIMIT:
+        g[G_ERR] = 3  # the packed key's bound (OpCore bounds the ranks)
+    key = (rank << SEQ_BITS) | seq
     i = g[G_HEAPN]
     g[G_HEAPN] = i + 1
     while i > 0:
         p = (i - 1) >> 1
-        if _less(t, rank, seq, heap[p, 0], heap[p, 1], heap[p, 2]):
-            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[p, 0], heap[p, 1], heap[p, 2], heap[p, 3]
+        pt = heap[p, 0]
+        if t < pt or (t == pt and key < heap[p, 1]):
+            heap[i, 0], heap[i, 1], heap[i, 2] = pt, heap[p, 1], heap[p, 2]
             i = p
         else:
             break
-    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+    heap[i, 0], heap[i, 1], heap[i, 2] = t, key, op
 
 
 @njit(cache=True, inline="always")
 def _pop(heap, g):
     n = g[G_HEAPN] - 1
     g[G_HEAPN] = n
-    t, rank, seq, op = heap[n, 0], heap[n, 1], heap[n, 2], heap[n, 3]
+    t, key, op = heap[n, 0], heap[n, 1], heap[n, 2]
     i = 0
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _less(heap[c + 1, 0], heap[c + 1, 1], heap[c + 1, 2], heap[c, 0], heap[c, 1], heap[c, 2]):
-            c += 1
-        if _less(heap[c, 0], heap[c, 1], heap[c, 2], t, rank, seq):
-            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[c, 0], heap[c, 1], heap[c, 2], heap[c, 3]
+        ct, ck = heap[c, 0], heap[c, 1]
+        if c + 1 < n:
+            dt, dk = heap[c + 1, 0], heap[c + 1, 1]
+            if dt < ct or (dt == ct and dk < ck):
+                c += 1
+                ct, ck = dt, dk
+        if ct < t or (ct == t and ck < key):
+            heap[i, 0], heap[i, 1], heap[i, 2] = ct, ck, heap[c, 2]
             i = c
         else:
             break
-    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+    heap[i, 0], heap[i, 1], heap[i, 2] = t, key, op
 
 
 @njit(cache=True, inline="always")
@@ -522,12 +530,11 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, 
 
 
 @njit(cache=True)
-def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index,
-        lt, lk, lr, lo, ls, horizon):  # fmt: skip
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
     heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
     while g[G_HEAPN] > 0:
-        t, rank, seq = heap[0, 0], heap[0, 1], heap[0, 2]
+        t = heap[0, 0]
         if t >= horizon:
             break
         # the key (t, EV_OP_DONE=2, rank, rank, seq) against the limit
@@ -537,12 +544,13 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_inde
             if 2 > lk:
                 break
             if 2 == lk:
+                rank, seq = heap[0, 1] >> SEQ_BITS, heap[0, 1] & SEQ_MASK
                 if rank > lr or (rank == lr and (rank > lo or (rank == lo and seq > ls))):
                     break
-        op = heap[0, 3]
+        op = heap[0, 2]
         _pop(heap, g)
         g[G_EVENTS] += 1
-        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index[rank], op, t)
+        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ops[op, O_RI], op, t)
         if g[G_ERR]:
             return
         if status != ST_LIMIT:
@@ -590,7 +598,7 @@ def _rank_arrays(ib, gb, fb):
     buffers: one description of the unpacking for both (inlined: no call, no tuple at run time)."""
     return (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
             _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), _vec(ib, ib, H_QN),
-            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
+            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
             _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
 
 
@@ -635,5 +643,5 @@ def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
     free = _whole(free)
     _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
          _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
-         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
-         _rows(ib, H_GR, GR_FIELDS), _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip
+         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
+         _rows(ib, H_GR, GR_FIELDS), lt, lk, lr, lo, ls, horizon)  # fmt: skip
