@@ -163,10 +163,12 @@ class OpCore:
         fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 3)),
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
                  (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
-        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) for _, shape in fixed), np.int64)
+        # each array starts on a 64-byte line (an op's row is two lines: opkernels.O_FIELDS)
+        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) + 8 for _, shape in fixed), np.int64)
         at = k.IB_HEADER
         views = []
         for h, shape in fixed:
+            at += (-(self.ib.ctypes.data + 8 * at) % 64) // 8
             size = int(np.prod(shape))
             self.ib[h], self.ib[h + 1] = at, shape[0]
             views.append(self.ib[at : at + size].reshape(shape))
@@ -342,7 +344,7 @@ class OpCore:
                     eligible = False
                     continue
                 waits += 1
-                if waits > k.MAX_WAITS:  # (numba does not check bounds: R_WAIT0 + k would overrun)
+                if waits > k.MAX_WAITS:  # (numba checks no bounds: R_WAIT0 + k, O_DEP0 + k would overrun)
                     eligible = False
                 tp_calls += 1
                 gid = a[0].gid

@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
  R_THEAD, R_TTAIL, R_TBLK, R_WCT, R_WCT_HIT, R_WTC, R_WTC_HIT, R_NWAIT, R_WAIT0) = range(21)  # fmt: skip
-MAX_WAITS = 8
+MAX_WAITS = 5  # (a block with more tensor collectives in a row runs the Python rules: OpCore._template)
 R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
 R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
@@ -39,8 +39,12 @@ R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
 R_FIELDS = R_CAP + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
-MAX_DEPS = 8
+# a compute-stream op's dependents are the tensor collectives launched after it before the next one
+# (at most MAX_WAITS: OpCore._template), a collective's the compute op that waits for it; 16 fields,
+# two cache lines (OpCore aligns the table), the fields every event reads in the first
+MAX_DEPS = MAX_WAITS
 O_FIELDS = O_DEP0 + MAX_DEPS
+assert O_FIELDS == 16 and O_GATE < 8
 K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last two instant: Shard._instant)
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
