@@ -153,10 +153,13 @@ class OpCore:
         for i, r in enumerate(ranks):
             self.rank_index[r] = i
         n = len(ranks)
-        # a rank's block ops in flight: at most max_ahead launched and not done, all in its running
-        # block or later ones (every block's ops are done when it ends); a slot is reused a ring later
+        # a rank's block ops in flight: at most max_ahead launched and not done (the rank's
+        # outstanding ops; a block's first op is counted as its proxy), with a margin; a slot is
+        # reused a ring later (opkernels._new_op checks that its op is done) and the kernels keep no
+        # reference to a done op (opkernels._forget). A ring no longer than that keeps the slots
+        # reused soon after they were freed, in the cache (the reference run: 384 ranks, 24 MiB)
         ring = 64
-        while ring < 2 * shard.max_ahead + 512:
+        while ring < shard.max_ahead + 128:
             ring *= 2
         # the fixed-size arrays live in two buffers (opkernels.H_*: one argument each per kernel call)
         n_links = len(shard.links.free)

@@ -167,6 +167,21 @@ def _add_dep(ops, g, op, on):
     ops[op, O_DEPS] += 1
 
 
+@njit(cache=True, inline="always")
+def _forget(rs, ri, op):
+    """The rank's references to ``op``, done, that launch_rest may read later (the compute stream's
+    last op, the overlapped collective, the waited ones) become -1 (done): its slot may be reused
+    before they are read, so a reference never outlives its op (OpCore sizes the ring by the ops in
+    flight alone)."""
+    if rs[ri, R_LASTC] == op:
+        rs[ri, R_LASTC] = -1
+    if rs[ri, R_PEND] == op:
+        rs[ri, R_PEND] = -1
+    for k in range(rs[ri, R_NWAIT]):
+        if rs[ri, R_WAIT0 + k] == op:
+            rs[ri, R_WAIT0 + k] = -1
+
+
 @njit(cache=True)
 def _timeline(tl, ovf, g, size, count, t, t_end):
     """ShardStats.timeline_add on tier 0 (the same integer shares; tests/emulator/engine/
@@ -296,6 +311,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
     """Shard._instant then Shard._complete(start_next=False) for an alloc or free at the head of
     the compute stream; ST_LIMIT when the stream's loop goes on."""
     ops[op, O_STATE] = S_DONE
+    _forget(rs, ri, op)
     ops[op, O_TSTART] = t
     if ops[op, O_KIND] == K_A:
         used = rs[ri, R_MEM] + ops[op, O_VAL]
@@ -442,7 +458,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
                 ops[op, O_LAST] = 1
             for k in range(rs[ri, R_NWAIT]):
                 dep = rs[ri, R_WAIT0 + k]
-                if ops[dep, O_STATE] != S_DONE:
+                if dep >= 0 and ops[dep, O_STATE] != S_DONE:
                     _add_dep(ops, g, op, dep)
             rs[ri, R_NWAIT] = 0
             _queue_c(rs, ops, ri, op)
@@ -477,6 +493,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
 def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """Shard._complete for a block op; returns a status when Python must act."""
     ops[op, O_STATE] = S_DONE
+    _forget(rs, ri, op)
     kind = ops[op, O_KIND]
     # pop the stream's head (it is this op)
     if kind == K_C:
