@@ -63,6 +63,10 @@ from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import OutOfMemoryError
 
+# the hot reads of the kernels' globals (a module attribute lookup less each)
+_G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
+_G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
+
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
 
@@ -248,7 +252,15 @@ class OpCore:
     def events(self) -> int:
         return self.gm[k.G_EVENTS]
 
-    def _after(self) -> None:
+    def _after(self) -> int:
+        """After a kernel call: its errors, its timeline overflow, the heap's top; its status."""
+        g = self.gm
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        return g[_G_STATUS]
+
+    def _overflowed(self) -> None:
         g = self.gm
         if g[k.G_ERR]:
             raise AssertionError(
@@ -267,7 +279,6 @@ class OpCore:
             if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
                 self.tl = _grown(self.tl, 2 * last)
                 self._pack()
-        self.top = self.top_row[0] if g[k.G_HEAPN] else INF
 
     def top_key(self) -> tuple:
         h = self.top_row
@@ -478,8 +489,7 @@ class OpCore:
         shard.launch(gpu, proxy, "compute")
         while True:
             k.launch_rest(*self.args, ri, shard.now)
-            self._after()
-            status = self.gm[k.G_STATUS]
+            status = self._after()
             if status == k.ST_SUSPEND:
                 shard._suspend(gpu)
                 continue
@@ -495,9 +505,8 @@ class OpCore:
         ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
-        self._after()
-        status = self.gm[k.G_STATUS]
-        if status != k.ST_LIMIT:
+        status = self._after()
+        if status != _ST_LIMIT:
             self.instant_stop(gpu, status, t)
 
     def instant_stop(self, gpu: VirtualGPU, status: int, t: int) -> None:
@@ -510,8 +519,7 @@ class OpCore:
         while status == k.ST_IRESUME:
             shard._maybe_resume(gpu)
             k.cont(*self.args, gpu._ri, t)
-            self._after()
-            status = self.gm[k.G_STATUS]
+            status = self._after()
         if status == k.ST_IBLOCK:
             proxy = self.proxies[gpu._ri]
             self._apply_memory(gpu, proxy)
@@ -557,24 +565,30 @@ class OpCore:
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
+        ib, gb, fb, tf, free = self.args
         if limit is None:
-            k.run(*self.args, k.NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(ib, gb, fb, tf, free, _NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
-        self._after()
-        return self.gm[k.G_STATUS]
+            k.run(ib, gb, fb, tf, free, *limit, horizon)
+        # (_after, inline: a call every dozen events)
+        g = self.gm
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        return g[_G_STATUS]
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
         (duration, FLOPs, start) for Shard._complete."""
         g = self.gm
-        ri = g[k.G_RET_RI]
+        ri = g[_G_RET_RI]
         proxy = self.proxies[ri]
+        gpu = self.shard.gpus[self.ranks[ri]]
         if self.block_memory:
-            self._apply_memory(self.shard.gpus[self.ranks[ri]], proxy)
+            self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
-        proxy.t_start = g[k.G_RET_TSTART]
-        return self.shard.gpus[self.ranks[ri]], proxy, g[k.G_RET_T]
+        proxy.t_start = g[_G_RET_TSTART]
+        return gpu, proxy, g[_G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm
