@@ -63,6 +63,10 @@ from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import OutOfMemoryError
 
+# the hot reads of the kernels' globals (a module attribute lookup less each)
+_G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
+_G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
+
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
 
@@ -147,35 +151,40 @@ class OpCore:
     def __init__(self, shard):
         self.shard = shard
         ranks = sorted(shard.gpus)
+        # the heap's packed keys hold a rank in RANK_BITS bits (opkernels._push)
+        assert shard.topo.world_size <= 1 << k.RANK_BITS, "compiled op engine: more GPUs than its keys hold"
         self.rank_index = np.full(shard.topo.world_size, -1, np.int64)
         for i, r in enumerate(ranks):
             self.rank_index[r] = i
         n = len(ranks)
-        # a rank's block ops in flight: at most max_ahead launched and not done, all in its running
-        # block or later ones (every block's ops are done when it ends); a slot is reused a ring later
+        # a rank's block ops in flight: at most max_ahead launched and not done (the rank's
+        # outstanding ops; a block's first op is counted as its proxy), with a margin; a slot is
+        # reused a ring later (opkernels._new_op checks that its op is done) and the kernels keep no
+        # reference to a done op (opkernels._forget). A ring no longer than that keeps the slots
+        # reused soon after they were freed, in the cache (the reference run: 384 ranks, 24 MiB)
         ring = 64
-        while ring < 2 * shard.max_ahead + 512:
+        while ring < shard.max_ahead + 128:
             ring *= 2
         # the fixed-size arrays live in two buffers (opkernels.H_*: one argument each per kernel call)
         n_links = len(shard.links.free)
-        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 4)),
+        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 3)),
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
-                 (k.H_RIDX, (shard.topo.world_size,)), (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
-        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) for _, shape in fixed), np.int64)
+                 (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
+        # each array starts on a 64-byte line (an op's row is two lines: opkernels.O_FIELDS)
+        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) + 8 for _, shape in fixed), np.int64)
         at = k.IB_HEADER
         views = []
         for h, shape in fixed:
+            at += (-(self.ib.ctypes.data + 8 * at) % 64) // 8
             size = int(np.prod(shape))
             self.ib[h], self.ib[h + 1] = at, shape[0]
             views.append(self.ib[at : at + size].reshape(shape))
             at += size
-        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, rank_index, self.gr = views
+        self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, self.gr = views
         self.fb = np.zeros(n * ring + n, np.float64)
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
-        rank_index[:] = self.rank_index
-        self.rank_index = rank_index
         for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
@@ -243,14 +252,22 @@ class OpCore:
     def events(self) -> int:
         return self.gm[k.G_EVENTS]
 
-    def _after(self) -> None:
+    def _after(self) -> int:
+        """After a kernel call: its errors, its timeline overflow, the heap's top; its status."""
+        g = self.gm
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        return g[_G_STATUS]
+
+    def _overflowed(self) -> None:
         g = self.gm
         if g[k.G_ERR]:
             raise AssertionError(
-                "compiled op engine: a ring or dependency table overflowed"
-                if g[k.G_ERR] == 1
-                else "compiled op engine: a tensor group's members' calls differ"
-            )
+                {1: "compiled op engine: a ring or dependency table overflowed",
+                 2: "compiled op engine: a tensor group's members' calls differ",
+                 3: "compiled op engine: a rank's event counter passed its packed key's bound"}[g[k.G_ERR]]
+            )  # fmt: skip
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
             bucket = int(g[k.G_BUCKET])
@@ -262,16 +279,16 @@ class OpCore:
             if last >= len(self.tl) and last < 1 << 24:  # later transfers of this run: in the array
                 self.tl = _grown(self.tl, 2 * last)
                 self._pack()
-        self.top = self.top_row[0] if g[k.G_HEAPN] else INF
 
     def top_key(self) -> tuple:
         h = self.top_row
-        rank = h[1]
-        return h[0], 2, rank, rank, h[2]
+        key = h[1]  # rank << SEQ_BITS | seq (opkernels._push)
+        rank = key >> k.SEQ_BITS
+        return h[0], 2, rank, rank, key & k.SEQ_MASK
 
     def next_time_of(self, ranks) -> float:
         rows = self.heap[: int(self.g[k.G_HEAPN])]
-        times = rows[np.isin(rows[:, 1], np.fromiter(ranks, np.int64, len(ranks))), 0]
+        times = rows[np.isin(rows[:, 1] >> k.SEQ_BITS, np.fromiter(ranks, np.int64, len(ranks))), 0]
         return float(times.min()) if len(times) else INF
 
     # -- templates ---------------------------------------------------------------------------
@@ -341,7 +358,7 @@ class OpCore:
                     eligible = False
                     continue
                 waits += 1
-                if waits > k.MAX_WAITS:  # (numba does not check bounds: R_WAIT0 + k would overrun)
+                if waits > k.MAX_WAITS:  # (numba checks no bounds: R_WAIT0 + k, O_DEP0 + k would overrun)
                     eligible = False
                 tp_calls += 1
                 gid = a[0].gid
@@ -472,8 +489,7 @@ class OpCore:
         shard.launch(gpu, proxy, "compute")
         while True:
             k.launch_rest(*self.args, ri, shard.now)
-            self._after()
-            status = self.gm[k.G_STATUS]
+            status = self._after()
             if status == k.ST_SUSPEND:
                 shard._suspend(gpu)
                 continue
@@ -489,9 +505,8 @@ class OpCore:
         ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
-        self._after()
-        status = self.gm[k.G_STATUS]
-        if status != k.ST_LIMIT:
+        status = self._after()
+        if status != _ST_LIMIT:
             self.instant_stop(gpu, status, t)
 
     def instant_stop(self, gpu: VirtualGPU, status: int, t: int) -> None:
@@ -504,8 +519,7 @@ class OpCore:
         while status == k.ST_IRESUME:
             shard._maybe_resume(gpu)
             k.cont(*self.args, gpu._ri, t)
-            self._after()
-            status = self.gm[k.G_STATUS]
+            status = self._after()
         if status == k.ST_IBLOCK:
             proxy = self.proxies[gpu._ri]
             self._apply_memory(gpu, proxy)
@@ -551,24 +565,30 @@ class OpCore:
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
+        ib, gb, fb, tf, free = self.args
         if limit is None:
-            k.run(*self.args, k.NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(ib, gb, fb, tf, free, _NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
-        self._after()
-        return self.gm[k.G_STATUS]
+            k.run(ib, gb, fb, tf, free, *limit, horizon)
+        # (_after, inline: a call every dozen events)
+        g = self.gm
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        return g[_G_STATUS]
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
         (duration, FLOPs, start) for Shard._complete."""
         g = self.gm
-        ri = g[k.G_RET_RI]
+        ri = g[_G_RET_RI]
         proxy = self.proxies[ri]
+        gpu = self.shard.gpus[self.ranks[ri]]
         if self.block_memory:
-            self._apply_memory(self.shard.gpus[self.ranks[ri]], proxy)
+            self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
-        proxy.t_start = g[k.G_RET_TSTART]
-        return self.shard.gpus[self.ranks[ri]], proxy, g[k.G_RET_T]
+        proxy.t_start = g[_G_RET_TSTART]
+        return gpu, proxy, g[_G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm

@@ -10,7 +10,7 @@ the rank's one counter, so the shard merges this heap with its own and the order
 tests/emulator/engine/test_opcore.py runs both paths and compares results bit for bit.
 
 State (all int64 unless said): ``rs[rank index, R_*]`` per rank, ``ops[op, O_*]`` per op (a ring of
-``ring`` slots per rank), ``heap[i] = (t, rank, seq, op)``, ``g[G_*]`` globals and the returned
+``ring`` slots per rank), ``heap[i] = (t, rank << SEQ_BITS | seq, op)``, ``g[G_*]`` globals and the returned
 status. Templates: ``ti[i] = (code, value, flag)`` with ``tf[i]`` the FLOPs, block ``b`` is rows
 ``tp[b, 0] : tp[b, 0] + tp[b, 1]``; codes ``I_C`` (compute: duration as launched, flag its charged
 minus nominal ns on a slow GPU), ``I_M`` (collective: plan, flag 1 when overlapped), ``I_W`` (wait
@@ -22,12 +22,14 @@ in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with thei
 
 from __future__ import annotations
 
-from numba import njit
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
  R_THEAD, R_TTAIL, R_TBLK, R_WCT, R_WCT_HIT, R_WTC, R_WTC_HIT, R_NWAIT, R_WAIT0) = range(21)  # fmt: skip
-MAX_WAITS = 8
+MAX_WAITS = 5  # (a block with more tensor collectives in a row runs the Python rules: OpCore._template)
 R_PEND = R_WAIT0 + MAX_WAITS
 R_BT, R_BPOS, R_RING, R_RANK = R_PEND + 1, R_PEND + 2, R_PEND + 3, R_PEND + 4
 R_BEGIN = R_RANK + 1  # the template of the block the program launched and no kernel began yet, or -1
@@ -37,8 +39,12 @@ R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
 R_FIELDS = R_CAP + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
-MAX_DEPS = 8
+# a compute-stream op's dependents are the tensor collectives launched after it before the next one
+# (at most MAX_WAITS: OpCore._template), a collective's the compute op that waits for it; 16 fields,
+# two cache lines (OpCore aligns the table), the fields every event reads in the first
+MAX_DEPS = MAX_WAITS
 O_FIELDS = O_DEP0 + MAX_DEPS
+assert O_FIELDS == 16 and O_GATE < 8
 K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last two instant: Shard._instant)
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
@@ -57,6 +63,13 @@ GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
  G_ERR) = range(12)  # fmt: skip
 G_FIELDS = 12
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
+# a heap row's key: ``rank << SEQ_BITS | seq`` orders as ``(rank, seq)`` while rank < 2^RANK_BITS
+# (8,388,608 GPUs: OpCore checks the world size) and seq < 2^SEQ_BITS (10^12 events of one rank:
+# _push checks, G_ERR 3), one comparison after the time instead of two
+SEQ_BITS = 40
+RANK_BITS = 63 - SEQ_BITS
+SEQ_LIMIT = 1 << SEQ_BITS
+SEQ_MASK = SEQ_LIMIT - 1
 # statuses
 ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 # where an instant op (alloc, free) stopped the compute stream's loop (Shard._try_start's ``while``)
@@ -70,56 +83,57 @@ ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
 # timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
 # ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
-H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_RIDX, H_GR, H_OF, H_RF = range(0, 22, 2)
-IB_HEADER = 22
+H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
+IB_HEADER = 20
 H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
 
-@njit(cache=True)
-def _less(ta, ra, sa, tb, rb, sb):
-    if ta != tb:
-        return ta < tb
-    if ra != rb:
-        return ra < rb
-    return sa < sb
-
-
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push(heap, g, t, rank, seq, op):
+    """Push the event ``(t, EV_OP_DONE, rank, rank, seq)``: the row ``(t, rank << SEQ_BITS | seq, op)``,
+    ordered as that key (its kind and origin are the same on every row)."""
+    if seq >= SEQ_LIMIT:
+        g[G_ERR] = 3  # the packed key's bound (OpCore bounds the ranks)
+    key = (rank << SEQ_BITS) | seq
     i = g[G_HEAPN]
     g[G_HEAPN] = i + 1
     while i > 0:
         p = (i - 1) >> 1
-        if _less(t, rank, seq, heap[p, 0], heap[p, 1], heap[p, 2]):
-            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[p, 0], heap[p, 1], heap[p, 2], heap[p, 3]
+        pt = heap[p, 0]
+        if t < pt or (t == pt and key < heap[p, 1]):
+            heap[i, 0], heap[i, 1], heap[i, 2] = pt, heap[p, 1], heap[p, 2]
             i = p
         else:
             break
-    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+    heap[i, 0], heap[i, 1], heap[i, 2] = t, key, op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pop(heap, g):
     n = g[G_HEAPN] - 1
     g[G_HEAPN] = n
-    t, rank, seq, op = heap[n, 0], heap[n, 1], heap[n, 2], heap[n, 3]
+    t, key, op = heap[n, 0], heap[n, 1], heap[n, 2]
     i = 0
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _less(heap[c + 1, 0], heap[c + 1, 1], heap[c + 1, 2], heap[c, 0], heap[c, 1], heap[c, 2]):
-            c += 1
-        if _less(heap[c, 0], heap[c, 1], heap[c, 2], t, rank, seq):
-            heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = heap[c, 0], heap[c, 1], heap[c, 2], heap[c, 3]
+        ct, ck = heap[c, 0], heap[c, 1]
+        if c + 1 < n:
+            dt, dk = heap[c + 1, 0], heap[c + 1, 1]
+            if dt < ct or (dt == ct and dk < ck):
+                c += 1
+                ct, ck = dt, dk
+        if ct < t or (ct == t and ck < key):
+            heap[i, 0], heap[i, 1], heap[i, 2] = ct, ck, heap[c, 2]
             i = c
         else:
             break
-    heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, rank, seq, op
+    heap[i, 0], heap[i, 1], heap[i, 2] = t, key, op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _new_op(rs, ops, g, ri, kind, value):
     ring = g[G_RING]
     n = rs[ri, R_RING]
@@ -141,7 +155,7 @@ def _new_op(rs, ops, g, ri, kind, value):
     return op
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _add_dep(ops, g, op, on):
     """``op`` waits for ``on`` (not done): Shard.launch's dependents list."""
     n = ops[on, O_NDEP]
@@ -151,6 +165,21 @@ def _add_dep(ops, g, op, on):
     ops[on, O_DEP0 + n] = op
     ops[on, O_NDEP] = n + 1
     ops[op, O_DEPS] += 1
+
+
+@njit(cache=True, inline="always")
+def _forget(rs, ri, op):
+    """The rank's references to ``op``, done, that launch_rest may read later (the compute stream's
+    last op, the overlapped collective, the waited ones) become -1 (done): its slot may be reused
+    before they are read, so a reference never outlives its op (OpCore sizes the ring by the ops in
+    flight alone)."""
+    if rs[ri, R_LASTC] == op:
+        rs[ri, R_LASTC] = -1
+    if rs[ri, R_PEND] == op:
+        rs[ri, R_PEND] = -1
+    for k in range(rs[ri, R_NWAIT]):
+        if rs[ri, R_WAIT0 + k] == op:
+            rs[ri, R_WAIT0 + k] = -1
 
 
 @njit(cache=True)
@@ -282,6 +311,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
     """Shard._instant then Shard._complete(start_next=False) for an alloc or free at the head of
     the compute stream; ST_LIMIT when the stream's loop goes on."""
     ops[op, O_STATE] = S_DONE
+    _forget(rs, ri, op)
     ops[op, O_TSTART] = t
     if ops[op, O_KIND] == K_A:
         used = rs[ri, R_MEM] + ops[op, O_VAL]
@@ -323,7 +353,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
     return ST_LIMIT
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
     """Shard._try_start on the rank's tensor stream."""
     op = rs[ri, R_THEAD]
@@ -428,7 +458,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
                 ops[op, O_LAST] = 1
             for k in range(rs[ri, R_NWAIT]):
                 dep = rs[ri, R_WAIT0 + k]
-                if ops[dep, O_STATE] != S_DONE:
+                if dep >= 0 and ops[dep, O_STATE] != S_DONE:
                     _add_dep(ops, g, op, dep)
             rs[ri, R_NWAIT] = 0
             _queue_c(rs, ops, ri, op)
@@ -459,10 +489,11 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
     g[G_STATUS] = ST_LAUNCHED
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """Shard._complete for a block op; returns a status when Python must act."""
     ops[op, O_STATE] = S_DONE
+    _forget(rs, ri, op)
     kind = ops[op, O_KIND]
     # pop the stream's head (it is this op)
     if kind == K_C:
@@ -520,12 +551,11 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, 
 
 
 @njit(cache=True)
-def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index,
-        lt, lk, lr, lo, ls, horizon):  # fmt: skip
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
     heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
     while g[G_HEAPN] > 0:
-        t, rank, seq = heap[0, 0], heap[0, 1], heap[0, 2]
+        t = heap[0, 0]
         if t >= horizon:
             break
         # the key (t, EV_OP_DONE=2, rank, rank, seq) against the limit
@@ -535,12 +565,13 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_inde
             if 2 > lk:
                 break
             if 2 == lk:
+                rank, seq = heap[0, 1] >> SEQ_BITS, heap[0, 1] & SEQ_MASK
                 if rank > lr or (rank == lr and (rank > lo or (rank == lo and seq > ls))):
                     break
-        op = heap[0, 3]
+        op = heap[0, 2]
         _pop(heap, g)
         g[G_EVENTS] += 1
-        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_index[rank], op, t)
+        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ops[op, O_RI], op, t)
         if g[G_ERR]:
             return
         if status != ST_LIMIT:
@@ -550,18 +581,36 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, rank_inde
 
 
 # -- entry points over the packed buffers (see H_* above) -------------------------------------------
-@njit(cache=True)
+# Views without reference counts (as netkernels.py's, issue 23): an array numba receives from
+# Python, or a slice of one, carries a reference count that numba updates with an atomic
+# instruction whenever a variable takes it - at every call of a helper, fifteen arrays each, several
+# helpers per event. A view made from the data pointer (carray) has no count to update. The entry
+# points make such views of the packed buffers once per call; the buffers stay alive in OpCore for
+# the whole call (replaced only between calls, when grown) and are C-contiguous (numpy.zeros).
+@intrinsic
+def _void_ptr(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+    return types.voidptr(address), codegen
+
+
+@njit(cache=True, inline="always")
 def _rows(buf, h, cols):
     """The 2-D array of ``cols`` columns whose (offset, rows) header pair is at ``buf[h]`` (a view)."""
-    o, n = buf[h], buf[h + 1]
-    return buf[o : o + n * cols].reshape((n, cols))
+    return carray(_void_ptr(buf.ctypes.data + buf[h] * 8), (buf[h + 1], cols), buf.dtype)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _vec(buf, header, h):
     """The 1-D array whose (offset, length) pair is at ``header[h]``, in ``buf`` (a view)."""
-    o = header[h]
-    return buf[o : o + header[h + 1]]
+    return carray(_void_ptr(buf.ctypes.data + header[h] * 8), header[h + 1], buf.dtype)
+
+
+@njit(cache=True, inline="always")
+def _whole(a):
+    """``a`` as a view without a reference count."""
+    return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
 
 
 @njit(cache=True, inline="always")
@@ -570,7 +619,7 @@ def _rank_arrays(ib, gb, fb):
     buffers: one description of the unpacking for both (inlined: no call, no tuple at run time)."""
     return (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
             _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), _vec(ib, ib, H_QN),
-            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
+            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
             _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
 
 
@@ -589,6 +638,7 @@ def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap
 @njit(cache=True)
 def launch_rest(ib, gb, fb, tf, free, ri, now):
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
 
@@ -596,6 +646,7 @@ def launch_rest(ib, gb, fb, tf, free, ri, now):
 @njit(cache=True)
 def start_block(ib, gb, fb, tf, free, ri, t):
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
     _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
@@ -604,12 +655,14 @@ def start_block(ib, gb, fb, tf, free, ri, t):
 def cont(ib, gb, fb, tf, free, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
     rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
+    tf, free = _whole(tf), _whole(free)
     g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
 
 
 @njit(cache=True)
 def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
+    free = _whole(free)
     _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
          _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
-         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 4), _vec(ib, ib, H_G),
-         _rows(ib, H_GR, GR_FIELDS), _vec(ib, ib, H_RIDX), lt, lk, lr, lo, ls, horizon)  # fmt: skip
+         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
+         _rows(ib, H_GR, GR_FIELDS), lt, lk, lr, lo, ls, horizon)  # fmt: skip

@@ -283,7 +283,7 @@ def test_members_complete_in_arrival_order_with_their_seq_at_completion():
     qn, qm = np.zeros(3, np.int64), np.zeros(3, np.int64)
     g = np.zeros(k.G_FIELDS, np.int64)
     g[k.G_BUCKET] = 1000
-    heap = np.zeros((8, 4), np.int64)
+    heap = np.zeros((8, 3), np.int64)
     gr = np.zeros((1, k.GR_FIELDS), np.int64)
     args = (np.zeros(4), pl, plk, free, qn, qm, np.zeros(64, np.int64), np.zeros((4, 4), np.int64), heap, g, gr)
     order = [2, 0, 3, 1]  # the members' rank indexes in arrival order, at t = 10, 20, 30, 40
@@ -297,7 +297,7 @@ def test_members_complete_in_arrival_order_with_their_seq_at_completion():
     assert qn.tolist() == [0, 0, (250 - 40) * members] and qm.tolist() == [0, 0, members]
     assert pl[0, k.P_CALLS] == 1 and pl[0, k.P_MAXWAIT] == 250 - 40
     assert pl[0, k.P_CNS] == sum(350 - 10 * (i + 1) for i in range(members)) and pl[0, k.P_CCOUNT] == members
-    keys = sorted(tuple(row) for row in heap[:members].tolist())
+    keys = sorted((t, key >> k.SEQ_BITS, key & k.SEQ_MASK, op) for t, key, op in heap[:members].tolist())
     assert keys == sorted((350, 10 + ri, 5 * ri + 1, ri) for ri in order)
     assert rs[:, k.R_SEQ].tolist() == [5 * ri + 1 for ri in range(members)]
     # a member whose call differs: reported (the built-in workload never issues one)
@@ -330,7 +330,7 @@ def test_closed_form_hold_equals_the_link_model():
     qn, qm = np.zeros(n_links, np.int64), np.zeros(n_links, np.int64)
     g = np.zeros(k.G_FIELDS, np.int64)
     g[k.G_BUCKET] = 1000
-    heap = np.zeros((8, 4), np.int64)
+    heap = np.zeros((8, 3), np.int64)
     gr = np.zeros((1, k.GR_FIELDS), np.int64)
     args = (np.zeros(4), pl, plk, model.free, qn, qm, np.zeros(1 << 12, np.int64), np.zeros((64, 4), np.int64))
     for _ in range(500):
@@ -366,17 +366,17 @@ def test_the_kernels_key_is_the_shards():
     from emulator.engine.events import EV_OP_DONE
 
     assert EV_OP_DONE == 2
-    core = SimpleNamespace(top_row=memoryview(np.array([7, 3, 5, 0], np.int64)))
+    key = 3 << k.SEQ_BITS | 5  # rank 3, seq 5 (opkernels._push)
+    core = SimpleNamespace(top_row=memoryview(np.array([7, key, 0], np.int64)))
     assert OpCore.top_key(core) == (7, EV_OP_DONE, 3, 3, 5)
     # a limit key of the same time, kind and rank but a smaller seq stops the kernel before the op
     g = np.zeros(k.G_FIELDS, np.int64)
     g[k.G_HEAPN] = 1
-    heap = np.array([[7, 3, 5, 0]], np.int64)
+    heap = np.array([[7, key, 0]], np.int64)
     empty = np.zeros(1, np.int64)
     k._run(np.zeros((1, k.R_FIELDS), np.int64), np.zeros((1, k.O_FIELDS), np.int64), np.zeros(1), np.zeros(1),
           np.zeros((1, k.P_FIELDS), np.int64), empty, empty, empty, empty, empty, np.zeros((1, 4), np.int64),
-          heap, g, np.zeros((1, k.GR_FIELDS), np.int64), np.zeros(4, np.int64),
-          7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
+          heap, g, np.zeros((1, k.GR_FIELDS), np.int64), 7, EV_OP_DONE, 3, 3, 4, k.NO_LIMIT)  # fmt: skip
     assert g[k.G_STATUS] == k.ST_LIMIT and g[k.G_HEAPN] == 1 and g[k.G_EVENTS] == 0
 
 
