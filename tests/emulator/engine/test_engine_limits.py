@@ -18,9 +18,12 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.engine import opkernels as k
+from emulator.engine.events import EV_HANDOVER, EV_OP_DONE
 from emulator.engine.netcore import NetCore
 from emulator.engine.opcore import OpCore, _grown
-from emulator.errors import EmulatorError
+from emulator.engine.p2p import PointToPoint
+from emulator.errors import EmulatorError, ProgramError
+from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
 from tests.conftest import CONFIGS
 from tests.emulator.engine.test_opcore_fuzz import assert_same_run_dirs, run_dir
@@ -298,3 +301,46 @@ def test_fuzzed_pipeline_messages_match(seed, tmp_path, monkeypatch):
     error, sent = _p2p_dirs(tmp_path, overrides, rng.choice([1, 2, 3, 4]), monkeypatch)
     # (jitter runs the per-op engine's Python rules, hence the messages' too: shard.py)
     assert error is None and (sent > 0 or any("jitter" in v for v in overrides)), overrides
+
+
+def _mismatch(engine: str, overrides: list[str], shards: int, rank: int, nth: int, monkeypatch) -> tuple:
+    """The error (message, event key) of a run in which ``rank``'s ``nth`` receive expects one byte
+    more than it gets (tests/emulator/engine/test_netcore_p2p.py's, on other shapes and shards)."""
+    start_recv = PointToPoint._start_recv
+    seen = []
+
+    def wrong_size(self, gpu, op, t):
+        if gpu.rank == rank:
+            seen.append(t)
+            if len(seen) == nth:
+                op.b += 1
+        return start_recv(self, gpu, op, t)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PointToPoint, "_start_recv", wrong_size)
+        config = load_run(P2P, [*overrides, f"engine.collective_engine={engine}"])
+        with pytest.raises(ProgramError) as info:
+            execute(config, shards=shards)
+    return str(info.value), info.value.event_key
+
+
+# (overrides, shards, rank, its nth receive, the error's event kind: EV_HANDOVER where the receive
+# waited for its message, EV_OP_DONE where the message waited in the mailbox for the receive's start)
+SLOW_0 = "faults.slow_gpu=[{ranks: [0], factor: 0.3}]"
+MISMATCHES = [
+    (["training.global_batch_size=16"], 1, 8, 3, EV_HANDOVER),  # a later forward receive, one shard
+    (["training.global_batch_size=16", "faults.slow_gpu=[{ranks: [60], factor: 0.3}]"], 4, 0, 2, EV_HANDOVER),
+    (["training.global_batch_size=16", SLOW_0], 4, 0, 3, EV_OP_DONE),  # the straggler's gradients waited
+    (["training.global_batch_size=16", "parallel.virtual_stages=1"], 3, 56, 1, EV_HANDOVER),
+    (["training.global_batch_size=16", "parallel.virtual_stages=1"], 4, 56, 2, EV_OP_DONE),
+    (["training.global_batch_size=16", "parallel.virtual_stages=2", "engine.max_ops_ahead=2"], 2, 16, 4, EV_HANDOVER),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "shards", "rank", "nth", "kind"), MISMATCHES)
+def test_a_receive_of_another_size_is_the_same_error_elsewhere(overrides, shards, rank, nth, kind, monkeypatch):
+    compiled = _mismatch("compiled", overrides, shards, rank, nth, monkeypatch)
+    assert compiled == _mismatch("python", overrides, shards, rank, nth, monkeypatch)
+    assert f"rank {rank}: " in compiled[0] and "sizes must be equal" in compiled[0]
+    assert compiled[1][1:] == (kind, rank)
