@@ -280,14 +280,16 @@ P2P_AXES = [
     ["parallel.virtual_stages=1;parallel.schedule=gpipe", "parallel.virtual_stages=1;parallel.schedule=1f1b",
      "parallel.virtual_stages=1", "parallel.virtual_stages=2", "parallel.virtual_stages=4", ""],
     ["faults.slow_gpu=[{ranks: [5], factor: 0.9}]", "faults.slow_gpu=[{ranks: [60], factor: 0.3}]",
-     "faults.slow_link=[{nic: {node: 3, index: 0}, factor: 0.1}]", "faults.jitter={sigma: 0.05}", ""],
+     "faults.slow_link=[{nic: {node: 3, index: 0}, factor: 0.1}]", "faults.jitter={sigma: 0.05}",
+     "faults.slow_link=[{nic: {node: 2, index: 0}, factor: 0.2, start_s: 0.05, end_s: 0.3}]",
+     "faults.fail=[{node: 5, at_s: 0.2}]", ""],
     ["training.global_batch_size=8", "training.global_batch_size=24"],
     ["engine.max_ops_ahead=2", "engine.max_ops_ahead=5", ""],
 ]  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(12))
 def test_fuzzed_pipeline_messages_match(seed, tmp_path, monkeypatch):
     """Schedules, chunks (each a tag), stragglers, slow links, few ops ahead, 1 to 4 shards."""
     rng = random.Random(2400 + seed)
@@ -299,8 +301,11 @@ def test_fuzzed_pipeline_messages_match(seed, tmp_path, monkeypatch):
         except (ConfigError, EmulatorError):
             continue  # a combination the config rejects: drawn again
     error, sent = _p2p_dirs(tmp_path, overrides, rng.choice([1, 2, 3, 4]), monkeypatch)
-    # (jitter runs the per-op engine's Python rules, hence the messages' too: shard.py)
-    assert error is None and (sent > 0 or any("jitter" in v for v in overrides)), overrides
+    # (jitter and node failures run the per-op engine's Python rules, hence the messages' too:
+    # Shard.__init__'s gate; a failure is the run's error)
+    python_rules = any("jitter" in v or "fail=" in v for v in overrides)
+    assert (error is None) != any("fail=" in v for v in overrides), (error, overrides)
+    assert (sent > 0) != python_rules, overrides
 
 
 def _mismatch(engine: str, overrides: list[str], shards: int, rank: int, nth: int, monkeypatch) -> tuple:
