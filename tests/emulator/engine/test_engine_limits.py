@@ -22,6 +22,7 @@ from emulator.engine.events import EV_HANDOVER, EV_OP_DONE
 from emulator.engine.netcore import NetCore
 from emulator.engine.opcore import OpCore, _grown
 from emulator.engine.p2p import PointToPoint
+from emulator.engine.shard import Shard
 from emulator.errors import EmulatorError, ProgramError
 from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
@@ -349,3 +350,31 @@ def test_a_receive_of_another_size_is_the_same_error_elsewhere(overrides, shards
     assert compiled == _mismatch("python", overrides, shards, rank, nth, monkeypatch)
     assert f"rank {rank}: " in compiled[0] and "sizes must be equal" in compiled[0]
     assert compiled[1][1:] == (kind, rank)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "shards"),
+    [
+        (["training.global_batch_size=16", "faults.jitter={sigma: 0.05, ranks: [60]}"], 2),
+        (["training.global_batch_size=16", "parallel.virtual_stages=1", "faults.jitter={sigma: 0.1, ranks: [8]}"], 4),
+        (["training.global_batch_size=16", "faults.slow_gpu=[{ranks: [5], factor: 0.5, start_s: 0.01, end_s: 0.2}]"],
+         4),
+    ],
+)  # fmt: skip
+def test_shards_with_and_without_the_core_exchange_messages_alike(overrides, shards, tmp_path, monkeypatch):
+    """Jitter or a slowdown window on one rank turns the per-op kernels, hence the core's
+    point-to-point path, off in its shard only (Shard.__init__'s gate reads the hosted ranks'
+    faults): messages cross between a shard whose core sends and receives them and one whose
+    Python rules do."""
+    flags = []
+    compile_messages = Shard._compile_messages
+
+    def recording(self):
+        compile_messages(self)
+        flags.append(self.p2p_core)
+
+    monkeypatch.setattr(Shard, "_compile_messages", recording)
+    error, sent = _p2p_dirs(tmp_path, overrides, shards, monkeypatch)
+    assert error is None and sent > 0
+    assert True in flags[:shards] and False in flags[:shards]
