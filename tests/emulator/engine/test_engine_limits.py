@@ -117,10 +117,13 @@ def test_a_wait_row_counts_among_the_next_compute_ops_waits():
     op, but a ``"w"`` after it adds the overlapped collective launched *before* that op to the next
     compute op's waits: ``c m(ov) c w m m m m m c`` passed with six waits in launch_rest's five
     R_WAIT0 slots, the sixth written over R_PEND (the rank's pending overlapped collective), left
-    set after the block. Such a block runs the Python rules; one wait less still runs the kernels,
+    set after the block; with ``c m(ov) c w (m(ov) w) x 5 c`` the next "w" cleared R_PEND, hence
+    the sixth wait: the last compute op did not wait for the last overlapped collective (5
+    dependencies of 6). Such blocks run the Python rules; one wait less still runs the kernels,
     whose last compute op waits for all five with R_PEND clear."""
     core = _core()
     assert core._template([C, MO, C, W, *[M] * k.MAX_WAITS, C], 0) == (-1, True)
+    assert core._template([C, MO, C, W, *[MO, W] * k.MAX_WAITS, C], 0) == (-1, True)
     assert core._template([C, MO, C, W, *[M] * (k.MAX_WAITS + 1), C], 0) == (-1, True)
     block = [C, MO, C, W, *[M] * (k.MAX_WAITS - 1), C]
     first = _launch(core, block)
