@@ -333,7 +333,12 @@ class OpCore:
         # a block starts and ends on the compute stream (its proxy's), and runs some compute
         eligible = bool(block) and block[0][0] in "caf" and block[-1][0] in "caf" and any(r[0] == "c" for r in block)
         pending = False
-        waits = 0  # collectives the next compute op waits for: launch_rest keeps at most MAX_WAITS
+        # collectives since the last compute op (its dependents: at most MAX_DEPS), and the ones the
+        # next compute op waits for (launch_rest's R_WAIT0 slots: at most MAX_WAITS): each collective
+        # waited for at once, and a "w"'s overlapped one, which may have been launched before that
+        # compute op (m(ov) c w m m m m m c: six waits for five collectives in a row)
+        waits = 0
+        nwait = 0
         # a wait the compute stream's next op owes (a collective waited for at once, a "w"): an alloc
         # or free there would take it (Shard.launch's pending waits); the kernels give them none
         owed = False
@@ -346,7 +351,7 @@ class OpCore:
                 rows.append((k.I_A if kind == "a" else k.I_F, b, pos, 0.0))
                 continue
             if kind == "c":
-                waits = 0
+                waits = nwait = 0
                 owed = False
                 if slow:  # Shard.launch's duration as launched, and what it costs (no jitter here)
                     ns = faults.launch_ns(rank, b)
@@ -358,7 +363,9 @@ class OpCore:
                     eligible = False
                     continue
                 waits += 1
-                if waits > k.MAX_WAITS:  # (numba checks no bounds: R_WAIT0 + k, O_DEP0 + k would overrun)
+                nwait += 0 if c else 1
+                # (numba checks no bounds: R_WAIT0 + k, O_DEP0 + k would overrun)
+                if waits > k.MAX_DEPS or nwait > k.MAX_WAITS:
                     eligible = False
                 tp_calls += 1
                 gid = a[0].gid
@@ -371,6 +378,9 @@ class OpCore:
                 owed = owed or not c
                 rows.append((k.I_M, plan, 1 if c else 0, 0.0))
             else:
+                nwait += 1 if pending else 0
+                if nwait > k.MAX_WAITS:
+                    eligible = False
                 pending = False
                 owed = True
                 rows.append((k.I_W, 0, 0, 0.0))
