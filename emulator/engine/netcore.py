@@ -64,6 +64,10 @@ from emulator.engine.netkernels import (
     SIG_BITS,
     SIG_MASK,
     STATUS,
+    TABLE,
+    TABLE_2D,
+    TABLE_COLS,
+    TABLE_FLOAT,
     TIMELINE_MAX_SLOTS,
     TOP_KIND,
     TOP_ORIGIN,
@@ -87,11 +91,6 @@ KIND_INDEX = {name: i for i, name in enumerate(OPS)}
 # the message kinds of the size histograms (ShardStats.kind_hist): the collectives', then the sends'
 KINDS = (*OPS, "send")
 assert KINDS.index("send") == SEND_KIND, "netkernels.SEND_KIND follows netmodel's OPS"
-_ARRAYS = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "segs", "xf", "cnt", "rt", "rbw",
-           "lbw", "lfree", "lwp", "lwns", "lwf", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs", "mseq",
-           "outb", "pseq", "pidx")  # fmt: skip
-_SEND_ARRAYS = ("st", "heap", "msg", "mfree", "htk", "rt", "rbw", "lbw", "lfree", "lwp", "lwns", "lwf", "lstat",
-                "tstat", "khist", "tl", "pend", "rank_shard", "mseq", "outb", "px")  # fmt: skip
 
 
 class NetCore:
@@ -162,10 +161,17 @@ class NetCore:
         prepare_kernels()
 
     def _pack(self) -> None:
-        self.args = tuple(getattr(self, name) for name in _ARRAYS)
-        self.send_args = tuple(getattr(self, name) for name in _SEND_ARRAYS)
-        # the kernels view them through their data pointers (netkernels._view)
-        assert all(a.flags.c_contiguous for a in self.args), "the kernels' arrays are C-contiguous"
+        """Write the kernels' table of the arrays (netkernels.TABLE): again whenever one is replaced."""
+        # ``args`` holds every array the table points at: alive while the kernels may use them
+        self.args = tuple(getattr(self, name) for name in TABLE)
+        table = np.zeros(TABLE_COLS * len(TABLE), np.int64)
+        for i, (name, a) in enumerate(zip(TABLE, self.args, strict=True)):
+            # the kernels view the arrays through their data pointers with this layout (netkernels._views)
+            assert a.flags.c_contiguous, f"the kernels' array {name} is C-contiguous"
+            assert a.ndim == (2 if name in TABLE_2D else 1), f"the kernels' array {name} has {a.ndim} dimensions"
+            assert a.dtype == (np.float64 if name in TABLE_FLOAT else np.int64), f"{name} is {a.dtype}"
+            table[TABLE_COLS * i : TABLE_COLS * (i + 1)] = a.ctypes.data, a.shape[0], a.shape[1] if a.ndim == 2 else 1
+        self.table = table
 
     # -- state read by the shard ------------------------------------------------------------
     @property
@@ -273,16 +279,16 @@ class NetCore:
         self.xf[x0 : x0 + nx] = xf_t
         self.cnt[k0 : k0 + n_cnt] = 0
         self.ops[run] = (gpu, op)
-        start_run(*self.args, run, t)
+        start_run(self.table, run, t)
         self._read_top()
         return st.item(STATUS)
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (a Python heap key) and ``horizon``; returns the status."""
         if limit is None:
-            run_events(*self.args, NO_LIMIT, 0, 0, 0, 0, horizon)
+            run_events(self.table, NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            run_events(*self.args, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
+            run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._read_top()
         status = self.st.item(STATUS)
         if status == GROW:
@@ -340,10 +346,10 @@ class NetCore:
         rid = self._rids.get((src, dst))
         if rid is None:
             rid = self.rid(src, dst)
-        end_up = send_message(*self.send_args, src, dst, rid, size, tag, k, t)
+        end_up = send_message(self.table, src, dst, rid, size, tag, k, t)
         if end_up < 0:  # an array is full (netkernels._room): nothing was done
             self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
-            end_up = send_message(*self.send_args, src, dst, rid, size, tag, k, t)
+            end_up = send_message(self.table, src, dst, rid, size, tag, k, t)
         t_top = self.stv[TOP_T]
         if 0 <= t_top < NO_LIMIT:
             self.top = t_top
@@ -356,10 +362,10 @@ class NetCore:
         when it waits (its completion comes as RECV_DONE), or -3 for a message of another size
         (``st[RET_SIG_LO]``)."""
         recv = self.recv_ids
-        got = start_receive(self.st, self.htk, self.htv, self.hts, gpu.rank, src, tag, k, recv, op.b, t)
+        got = start_receive(self.table, gpu.rank, src, tag, k, recv, op.b, t)
         if got == -2:  # the hash table is full
             self._ensure(0, 0, 0, 0, 0, 2)
-            got = start_receive(self.st, self.htk, self.htv, self.hts, gpu.rank, src, tag, k, recv, op.b, t)
+            got = start_receive(self.table, gpu.rank, src, tag, k, recv, op.b, t)
         if got == -1:
             self.recvs[recv] = (gpu, op)
             self.recv_ids = recv + 1
@@ -501,11 +507,11 @@ def warm_up() -> None:
     first call of each costs ~0.3 s; benchmarks call this before starting their clocks."""
     topo = Topology(ClusterConfig())
     core = NetCore(topo, 0, [0] * topo.world_size, 1, ShardStats(topo))
-    run_events(*core.args, 0, 0, 0, 0, 0, 0)
+    run_events(core.table, 0, 0, 0, 0, 0, 0)
     core.attach_events(np.zeros((1, 1), np.int64), np.zeros(topo.world_size, np.int64), 0)
     core.send(0, 1, 1, 0, 0, 0)
     core.receive(_Recv0(), _Recv0(), 1, 0, 0, 0)
-    start_run(*core.args, 0, 0)  # a run without channels
+    start_run(core.table, 0, 0)  # a run without channels
     core.st[ACTIVE] = 0
     deliver_records(core.st, core.heap, core.msg, core.mfree, np.zeros((0, 12), np.int64), np.zeros(0, np.int64))
     rehash(core.htk, core.htv, core.hts, core.htk.copy(), core.htv.copy(), core.hts.copy(), core.st)

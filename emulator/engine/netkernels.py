@@ -71,13 +71,36 @@ HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
 SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
 
 
-# -- views without reference counts ------------------------------------------------------------
-# An array numba receives from Python carries a reference count that numba updates with an atomic
-# instruction whenever a variable takes the array: at every call of a helper (and at every inlined
-# one's arguments), tens per event, which took two thirds of a ring's time. A view made from the
-# data pointer (carray) has no count to update. The entry kernels make such views of their arguments
-# once per call; the arrays themselves stay alive in NetCore for the whole call (they are replaced
-# only between calls, when grown) and are C-contiguous (NetCore._pack checks it).
+# -- the entry points' one argument: a table of the arrays -------------------------------------
+# numba's dispatcher checks and unboxes each array argument of a call (about 0.1-0.15 us apiece):
+# with the thirty arrays of the core a call cost ~2.5 us, and a run calls the core for every
+# point-to-point send, receive and completion. So the entry points take one int64 table of
+# ``(data address, rows, columns)`` per array (TABLE, in this order; NetCore._pack writes it, and
+# again whenever an array is replaced by a larger one) and scalars, and view the arrays from it.
+# A table of addresses rather than one buffer holding the arrays (as opkernels' H_* buffers do):
+# the link state belongs to the link model (netmodel/links.py) and ``pseq`` to the per-op engine,
+# which both keep using their own numpy arrays, and nothing is copied when an array grows.
+#
+# Views without reference counts: an array numba receives from Python carries a reference count
+# that numba updates with an atomic instruction whenever a variable takes the array: at every call
+# of a helper (and at every inlined one's arguments), tens per event, which took two thirds of a
+# ring's time. A view made from the data pointer (carray) has no count to update. The arrays stay
+# alive in NetCore for the whole call (NetCore.args holds every array the table names; they are
+# replaced only between calls, when grown) and are C-contiguous with the dtype and the number of
+# dimensions given below (NetCore._pack checks both).
+TABLE = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "segs", "xf", "cnt", "rt", "rbw",
+         "lbw", "lfree", "lwp", "lwns", "lwf", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs",
+         "mseq", "outb", "pseq", "pidx", "px")  # fmt: skip
+# the arrays of TABLE that are 2-D, and those of float64 (the others are int64): _views' description
+TABLE_2D = frozenset(("heap", "msg", "htk", "htv", "runs", "chans", "segs", "xf", "rt", "rbw", "lwns", "lstat",
+                      "tstat", "khist", "tl", "pend", "outb", "pseq", "px"))  # fmt: skip
+TABLE_FLOAT = frozenset(("rbw", "lbw", "lwf"))
+TABLE_COLS = 3  # a table row: data address, rows, columns (1 for a 1-D array)
+(T_ST, T_HEAP, T_MSG, T_MFREE, T_HTK, T_HTV, T_HTS, T_RUNS, T_CHANS, T_SEGS, T_XF, T_CNT, T_RT, T_RBW, T_LBW, T_LFREE,
+ T_LWP, T_LWNS, T_LWF, T_LSTAT, T_TSTAT, T_KHIST, T_TL, T_PEND, T_RANK_SHARD, T_CSEQS, T_MSEQ, T_OUTB, T_PSEQ, T_PIDX,
+ T_PX) = range(len(TABLE))  # fmt: skip
+
+
 @intrinsic
 def _void_ptr(typingctx, address):
     def codegen(context, builder, signature, args):
@@ -87,19 +110,37 @@ def _void_ptr(typingctx, address):
 
 
 @njit(cache=True, inline="always")
-def _view(a):
-    return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
+def _i1(p, i):
+    """Array ``i`` of the table (1-D int64) as a view."""
+    return carray(_void_ptr(p[3 * i]), p[3 * i + 1], np.int64)
 
 
 @njit(cache=True, inline="always")
-def _views(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-           tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx):  # fmt: skip
-    """The entry kernels' arguments as views (the order of NetCore.args): one description for both
-    entry points (inlined: no call, and the views carry no counts to update)."""
-    return (_view(st), _view(heap), _view(msg), _view(mfree), _view(htk), _view(htv), _view(hts), _view(runs),
-            _view(chans), _view(segs), _view(xf), _view(cnt), _view(rt), _view(rbw), _view(lbw), _view(lfree),
-            _view(lwp), _view(lwns), _view(lwf), _view(lstat), _view(tstat), _view(khist), _view(tl), _view(pend),
-            _view(rank_shard), _view(cseqs), _view(mseq), _view(outb), _view(pseq), _view(pidx))  # fmt: skip
+def _i2(p, i):
+    """Array ``i`` of the table (2-D int64) as a view."""
+    return carray(_void_ptr(p[3 * i]), (p[3 * i + 1], p[3 * i + 2]), np.int64)
+
+
+@njit(cache=True, inline="always")
+def _f1(p, i):
+    return carray(_void_ptr(p[3 * i]), p[3 * i + 1], np.float64)
+
+
+@njit(cache=True, inline="always")
+def _f2(p, i):
+    return carray(_void_ptr(p[3 * i]), (p[3 * i + 1], p[3 * i + 2]), np.float64)
+
+
+@njit(cache=True, inline="always")
+def _views(p):
+    """The arrays of the table ``p`` (TABLE's order) as views: one description for every entry
+    point (inlined: no call, and the views carry no counts to update)."""
+    return (_i1(p, T_ST), _i2(p, T_HEAP), _i2(p, T_MSG), _i1(p, T_MFREE), _i2(p, T_HTK), _i2(p, T_HTV),
+            _i1(p, T_HTS), _i2(p, T_RUNS), _i2(p, T_CHANS), _i2(p, T_SEGS), _i2(p, T_XF), _i1(p, T_CNT),
+            _i2(p, T_RT), _f2(p, T_RBW), _f1(p, T_LBW), _i1(p, T_LFREE), _i1(p, T_LWP), _i2(p, T_LWNS),
+            _f1(p, T_LWF), _i2(p, T_LSTAT), _i2(p, T_TSTAT), _i2(p, T_KHIST), _i2(p, T_TL), _i2(p, T_PEND),
+            _i1(p, T_RANK_SHARD), _i1(p, T_CSEQS), _i1(p, T_MSEQ), _i2(p, T_OUTB), _i2(p, T_PSEQ), _i1(p, T_PIDX),
+            _i2(p, T_PX))  # fmt: skip
 
 
 # -- heap ---------------------------------------------------------------------------------------
@@ -612,15 +653,12 @@ def _set_top(st, heap):
 # after a first run, could not progress beside it (the progress line said "compiling kernels" to the
 # end). The kernels touch no Python object; the shard's thread is the only one that calls them.
 @njit(cache=True, nogil=True)
-def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
-               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, l0, l1, l2, l3, l4,
-               horizon):  # fmt: skip
+def run_events(p, l0, l1, l2, l3, l4, horizon):
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
-    Python heap's top); stop after an event that needs Python (STATUS) or when an array is full."""
+    Python heap's top); stop after an event that needs Python (STATUS) or when an array is full.
+    ``p``: the table of the core's arrays (TABLE)."""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx) = _views(
-        st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx)  # fmt: skip
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, _) = _views(p)  # fmt: skip
     st[STATUS] = OK
     while st[HEAP_N] > 0:
         if heap[0, 0] >= horizon or not _top_before(heap, l0, l1, l2, l3, l4):
@@ -650,13 +688,10 @@ def run_events(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, 
 
 
 @njit(cache=True, nogil=True)
-def start_run(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
-              lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, run, t):  # fmt: skip
+def start_run(p, run, t):
     """A member starts a collective at ``t``: the first step of each of its channels, in order."""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx) = _views(
-        st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
-        tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx)  # fmt: skip
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, _) = _views(p)  # fmt: skip
     st[STATUS] = OK
     st[ACTIVE] += 1
     lo = runs[run, R_CLO]
@@ -686,11 +721,15 @@ def deliver_records(st, heap, msg, mfree, recs, rids):
 
 # -- point-to-point messages (p2p.PointToPoint's compiled path) ----------------------------------
 @njit(cache=True, nogil=True)
-def send_message(st, heap, msg, mfree, htk, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
-                 rank_shard, mseq, outb, px, src, dst, rid, size, tag, k, t):  # fmt: skip
+def send_message(p, src, dst, rid, size, tag, k, t):
     """A pipeline send's message (PointToPoint._inject: group id 0, keyed by its tag and its number
     ``k`` among the sender's messages to ``dst`` with that tag, signed with its size) put on its
     up-links at ``t``; returns when its tail has left, or -1 (nothing done) when an array is full."""
+    st, heap, msg, mfree, htk = _i1(p, T_ST), _i2(p, T_HEAP), _i2(p, T_MSG), _i1(p, T_MFREE), _i2(p, T_HTK)
+    rt, rbw, lbw, lfree = _i2(p, T_RT), _f2(p, T_RBW), _f1(p, T_LBW), _i1(p, T_LFREE)
+    lwp, lwns, lwf, lstat = _i1(p, T_LWP), _i2(p, T_LWNS), _f1(p, T_LWF), _i2(p, T_LSTAT)
+    tstat, khist, tl, pend = _i2(p, T_TSTAT), _i2(p, T_KHIST), _i2(p, T_TL), _i2(p, T_PEND)
+    rank_shard, mseq, outb, px = _i1(p, T_RANK_SHARD), _i1(p, T_MSEQ), _i2(p, T_OUTB), _i2(p, T_PX)
     if not _room(st, heap, msg, htk, outb, pend):
         return -1
     # _inject reads the message from a transfer row: one scratch row (its slot and channel unused)
@@ -705,11 +744,12 @@ def send_message(st, heap, msg, mfree, htk, rt, rbw, lbw, lfree, lwp, lwns, lwf,
 
 
 @njit(cache=True, nogil=True)
-def start_receive(st, htk, htv, hts, rank, src, tag, k, recv, size, t):
+def start_receive(p, rank, src, tag, k, recv, size, t):
     """A pipeline receive starts at ``t`` (PointToPoint._start_recv): its message's delivery time
     when the message is in the mailbox (taken out; -3 when its size differs from ``size``: then
     ``st[RET_SIG_LO]`` is the message's), else -1: the receive ``recv`` waits for it (-2: nothing
     done, the hash table is full)."""
+    st, htk, htv, hts = _i1(p, T_ST), _i2(p, T_HTK), _i2(p, T_HTV), _i1(p, T_HTS)
     i = _ht_find(htk, hts, HT_MSG, rank, 0, tag, 0, src, k)
     if i >= 0:
         delivery, got = htv[i, 0], htv[i, 1]

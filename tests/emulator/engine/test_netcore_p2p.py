@@ -11,14 +11,28 @@ from __future__ import annotations
 import pytest
 
 from emulator.config.loader import load_run
+from emulator.config.schema import ClusterConfig
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE
 from emulator.engine.netcore import NetCore
-from emulator.engine.netkernels import RECV_DONE, RET_RANK, RET_SEQ, RET_T
+from emulator.engine.netkernels import (
+    GROW,
+    HEAP_N,
+    HT_FILL,
+    NO_LIMIT,
+    RECV_DONE,
+    RET_RANK,
+    RET_SEQ,
+    RET_T,
+    TABLE,
+    TABLE_COLS,
+)
 from emulator.engine.ops import RECV
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.shard import Shard
+from emulator.engine.stats import ShardStats
 from emulator.errors import ProgramError
 from emulator.runner.sequence import execute
+from netmodel.topology import Topology
 from tests.conftest import CONFIGS
 from tests.emulator.test_netcore import _observables
 
@@ -126,3 +140,28 @@ def test_a_receive_of_another_size_is_the_same_error(rank, nth, kind, monkeypatc
     assert compiled == reference
     assert f"rank {rank}: " in compiled[0] and "sizes must be equal" in compiled[0]
     assert compiled[1][1:] == (kind, rank)
+
+
+def test_the_kernels_table_follows_the_grown_arrays():
+    """The kernels take one table of the core's arrays (netkernels.TABLE): after arrays grow (heap,
+    messages, mailbox), it names the new ones, and the kernels see every message sent."""
+    topo = Topology(ClusterConfig())
+    core = NetCore(topo, 0, [0] * topo.world_size, 1, ShardStats(topo))
+    first = core.table.copy()
+    sends = 3000  # past the first heap, message store and hash table (NetCore.INITIAL)
+    for k in range(sends):
+        core.send(0, 1, 1 << 20, 7, k, 0)
+    for _ in range(64):  # each GROW grows an array (at least doubling it): a few calls at most
+        if core.run(None, NO_LIMIT) != GROW:
+            break
+    else:
+        pytest.fail("the kernels keep asking for room: they do not see the grown arrays")
+    assert core.heap.shape[0] > NetCore.INITIAL["heap"] and core.htk.shape[0] > NetCore.INITIAL["ht"]
+    assert (core.table != first).any()
+    for i, name in enumerate(TABLE):
+        a = getattr(core, name)
+        assert core.args[i] is a, name
+        cols = a.shape[1] if a.ndim == 2 else 1
+        assert tuple(core.table[TABLE_COLS * i : TABLE_COLS * (i + 1)]) == (a.ctypes.data, a.shape[0], cols), name
+    # every hand-over ran in the kernels, over the grown arrays: each message waits in the mailbox
+    assert core.events == sends and int(core.st[HT_FILL]) == sends and int(core.st[HEAP_N]) == 0
