@@ -140,6 +140,10 @@ class LiveState:
         progress, run_progress, eta, mfu, tokens = self._progress(marks, ranks, done, v_ns, speed, stage_compute)
         if finished:
             run_progress, eta, progress = 1.0, 0.0, 0.0
+        elif compiling:
+            # the speed behind the ETA was measured while the engine waited for the kernels' first
+            # compile (hours on the progress line of a first run): unknown until they are loaded
+            eta = NAN
 
         links = self.tier_links
         hists = [s.get("tier_size_hist", [[]] * tiers) for s in stats]

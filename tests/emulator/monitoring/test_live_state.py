@@ -262,12 +262,14 @@ def test_progress_moves_within_one_iteration(model_run):
 
 
 def test_compile_time_is_not_emulation_speed():
-    """The speed window restarts when shards stop compiling: the compile's wall time is not speed."""
-    state = LiveState([1])
-    stats = _stats(1e9, [[0, 4]], [])
-    state.observe(1.0, 1, 1e9, stats)
+    """The speed window restarts when shards stop compiling: the compile's wall time is not speed,
+    and no ETA is drawn from it while they compile."""
+    state = LiveState([1], expected_iterations=10)
+    stats = _stats(1e9, [[1, 4]], [[0, 1_000_000_000]])
+    assert math.isfinite(state.observe(1.0, 1, 1e9, stats).eta_s)
     stats[0]["compiling"] = True
-    assert state.observe(2.0, 2, 1.1e9, stats).compiling
+    snap = state.observe(2.0, 2, 1.1e9, stats)
+    assert snap.compiling and math.isnan(snap.eta_s)
     stats[0]["compiling"] = False
     state.observe(30.0, 3, 1.2e9, stats)  # the engine waited 28 s for the compile
     snap = state.observe(31.0, 4, 2.2e9, stats)
