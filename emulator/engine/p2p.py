@@ -118,21 +118,18 @@ class PointToPoint:
             delivery = self.core.receive(gpu, op, src, tag, k, t)
             if delivery == -1:
                 return True
-            if delivery == -3:  # a message of another size
+            if delivery == -3:  # a message of another size: raises
                 self._check_recv(gpu, op, src, int(self.core.st[RET_SIG_LO]))
-            if delivery > t:
-                self._push(delivery, EV_OP_DONE, gpu, op)
+        else:
+            key = (0, tag, 0, src, k)
+            msg = gpu.mailbox.pop(key, None)
+            if msg is None:
+                gpu.waiters[key] = op
                 return True
-            self._complete(gpu, op, t, start_next=False)
-            return False
-        key = (0, tag, 0, src, k)
-        msg = gpu.mailbox.pop(key, None)
-        if msg is None:
-            gpu.waiters[key] = op
-            return True
-        self._check_recv(gpu, op, src, msg[1])
-        if msg[0] > t:
-            self._push(msg[0], EV_OP_DONE, gpu, op)
+            self._check_recv(gpu, op, src, msg[1])
+            delivery = msg[0]
+        if delivery > t:
+            self._push(delivery, EV_OP_DONE, gpu, op)
             return True
         self._complete(gpu, op, t, start_next=False)
         return False
