@@ -36,7 +36,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from emulator.engine import events
+from emulator.engine import events, kernel_cache  # noqa: F401 - kernel_cache: before any kernel (its module doc)
 
 # The event kinds, as literals: numba freezes globals into cached kernels and only notices changes
 # to this file, so a change in events.py must fail here rather than reorder events silently.

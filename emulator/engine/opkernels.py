@@ -26,6 +26,8 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one cache stamp (its module doc)
+
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
  R_THEAD, R_TTAIL, R_TBLK, R_WCT, R_WCT_HIT, R_WTC, R_WTC_HIT, R_NWAIT, R_WAIT0) = range(21)  # fmt: skip

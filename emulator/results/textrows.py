@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import int64, njit, uint64
 
+from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one cache stamp (its module doc)
+
 INT = 0
 TEXT = -1
 MAX_DECIMALS = 9

@@ -1,0 +1,95 @@
+"""One cache stamp for all of the project's numba kernels.
+
+numba keeps a compiled function in its cache under the stamp of the one file that defines it
+(its content's hash), and checks nothing else: a kernel that calls a jitted function of another
+module, or reads a constant of another module (netkernels reads the event kinds of
+emulator/engine/events.py), keeps its cached machine code after that other file changes - a
+stale kernel that gives silently wrong results, on the machine of whoever edited the file. Here
+every kernel of the files in :data:`SOURCES` is stamped with the hash of all of them together, so
+a change to any one recompiles them all (about 37 s of CPU, once, as on a fresh machine).
+
+The stamp is given by a cache locator put in front of numba's own (``CacheImpl._locator_classes``,
+where numba looks for the place and stamp of a function's cache): the kernel modules import this
+module before they define a kernel. A numba without that list keeps its per-file stamps, and a
+warning says so. tests/emulator/engine/test_kernel_cache.py checks that every file of the project
+that caches a kernel is listed with every project module it imports, and that an edit of a callee's
+file recompiles its caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+
+from numba.core import caching
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# the files whose kernels are cached, and the project modules they read at compile time
+SOURCES = tuple(
+    os.path.join(_ROOT, *path.split("/"))
+    for path in (
+        "emulator/engine/events.py",
+        "emulator/engine/netkernels.py",
+        "emulator/engine/opkernels.py",
+        "emulator/results/textrows.py",
+    )
+)
+
+_groups: dict[str, tuple[str, ...]] = {}  # real path of a file -> the files stamped together with it
+_stamps: dict[tuple[str, ...], bytes] = {}  # (the group, each file's (mtime, size)) -> its stamp
+
+
+def group_stamp(files: tuple[str, ...]) -> bytes:
+    """The hash of ``files``' contents, in their order (read again when one's mtime or size changed)."""
+    key = files + tuple(str((st.st_mtime_ns, st.st_size)) for st in map(os.stat, files))
+    stamp = _stamps.get(key)
+    if stamp is None:
+        digest = hashlib.sha256()
+        for path in files:
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+        stamp = _stamps[key] = digest.digest()
+    return stamp
+
+
+def _stamped(base):
+    """A locator class that finds a grouped file's cache where ``base`` does, with the group's stamp."""
+
+    class Locator(base):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if os.path.realpath(py_file) not in _groups:
+                return None  # another file: numba's own locators
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return group_stamp(_groups[os.path.realpath(self._py_file)])
+
+    Locator.__name__ = Locator.__qualname__ = f"Grouped{base.__name__}"
+    return Locator
+
+
+def install(files: tuple[str, ...]) -> bool:
+    """Stamp the kernels of ``files`` (defined after this call) with one stamp; False where this
+    numba has no locator list to extend (each file then keeps its own stamp)."""
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    classes = getattr(impl, "_locator_classes", None)
+    if not isinstance(classes, list):
+        warnings.warn("numba has no cache locator list: a kernel's cache is not refreshed when a module it "
+                      "reads changes (clear __pycache__ after editing the kernels)", stacklevel=2)  # fmt: skip
+        return False
+    group = tuple(os.path.realpath(f) for f in files)
+    for path in group:
+        _groups[path] = group
+    if not any(getattr(c, "__name__", "").startswith("Grouped") for c in classes):
+        # numba's order: a user-given cache directory first, then __pycache__, then the user's cache
+        ours = [_stamped(getattr(caching, name)) for name in
+                ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
+                if hasattr(caching, name)]  # fmt: skip
+        classes[:0] = ours
+    return True
+
+
+install(SOURCES)

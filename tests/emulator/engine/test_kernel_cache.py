@@ -1,0 +1,93 @@
+"""The kernels' one cache stamp (emulator/engine/kernel_cache.py): complete, and effective."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from emulator.engine import kernel_cache
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _project_imports(path: Path) -> set[Path]:
+    """The project files ``path`` imports (modules, and names taken from a package that are modules)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name.split(".")[0] in ("emulator", "netmodel", "actors"):
+                file = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+                if file.exists():
+                    found.add(file)
+    return found
+
+
+def test_every_cached_kernel_file_and_what_it_reads_share_the_stamp():
+    listed = {Path(p).resolve() for p in kernel_cache.SOURCES}
+    cached = {p.resolve() for pkg in ("emulator", "netmodel", "actors") for p in (ROOT / pkg).rglob("*.py")
+              if "cache=True" in p.read_text()}  # fmt: skip
+    assert cached, "no cached kernel found: the scan is wrong"
+    assert cached <= listed, f"kernel files missing from kernel_cache.SOURCES: {sorted(map(str, cached - listed))}"
+    own = Path(kernel_cache.__file__).resolve()
+    for path in listed:
+        assert path.exists(), path
+        missing = {p.resolve() for p in _project_imports(path)} - listed - {own}
+        assert not missing, f"{path} reads {sorted(map(str, missing))}, not in kernel_cache.SOURCES"
+
+
+def test_the_stamp_covers_each_file(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 1\n")
+    files = (str(a), str(b))
+    first = kernel_cache.group_stamp(files)
+    assert kernel_cache.group_stamp(files) == first
+    b.write_text("y = 22\n")
+    assert kernel_cache.group_stamp(files) != first
+
+
+def test_an_edit_of_a_callee_recompiles_its_caller(tmp_path):
+    """numba alone would load the caller's machine code from its cache, built with the old callee."""
+    caller, callee = tmp_path / "caller.py", tmp_path / "callee.py"
+    caller.write_text(textwrap.dedent("""
+        from numba import njit
+        import callee
+
+        @njit(cache=True)
+        def f():
+            return callee.g() + callee.K
+    """))
+    callee.write_text(textwrap.dedent("""
+        from numba import njit
+        K = 10
+
+        @njit(cache=True)
+        def g():
+            return 1
+    """))
+    script = "; ".join((
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})",
+        "from emulator.engine import kernel_cache",
+        f"kernel_cache.install(({str(caller)!r}, {str(callee)!r}))",
+        "import caller; print(caller.f())",
+    ))  # fmt: skip
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), NUMBA_DEBUG_CACHE="1")
+
+    def run() -> tuple[str, str]:
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        return out.stdout.strip().splitlines()[-1], out.stdout
+
+    assert run()[0] == "11"
+    value, log = run()
+    assert value == "11" and "data loaded" in log, log  # unchanged: both kernels from the cache
+    callee.write_text(callee.read_text().replace("return 1", "return 2").replace("K = 10", "K = 20"))
+    assert run()[0] == "22"
