@@ -432,6 +432,18 @@ class OpCore:
         """Launch a prepared block (tensor_parallel.prepare_segments) as launch_prepared would;
         False when it is not eligible (the caller launches it op by op). ``memory``: its alloc and
         free rows' allocations by slot, as tensor_parallel.launch_prepared takes them."""
+        known = self.known(gpu, block)
+        if not self.claim(gpu, known):
+            return False
+        self.begin(gpu, known, memory)
+        shard = self.shard
+        while self.launch_rest(gpu) == k.ST_SUSPEND:
+            shard._suspend(gpu)
+        return True
+
+    def known(self, gpu: VirtualGPU, block: list) -> tuple:
+        """The block's entry for ``gpu``: (block, template or -1, (gid, collectives), the proxy's
+        figures, its memory rows), made once per block (and slow rank)."""
         rank = gpu.rank
         faults = self.faults
         # a slow GPU's blocks have their own templates (their durations as launched)
@@ -462,7 +474,17 @@ class OpCore:
                 mem_rows = tuple((pos, row[1], row[0] == "a", row[2], row[3]) for pos, row in enumerate(block)
                                  if row[0] == "a" or row[0] == "f") or None  # fmt: skip
             known = self.blocks[key] = (block, b, extra, figures, mem_rows)
-        _, b, extra, figures, mem_rows = known
+        return known
+
+    def eligible(self, gpu: VirtualGPU, known: tuple) -> bool:
+        """Whether :meth:`claim` would take the block (the tape asks before it plans the block)."""
+        return known[1] >= 0 and not (known[2] and gpu.rank in self.python_ranks)
+
+    def claim(self, gpu: VirtualGPU, known: tuple) -> bool:
+        """Whether the kernels run the block of entry ``known`` (:meth:`known`); when they do, its
+        tensor calls are counted as launched (the group's call numbers)."""
+        rank = gpu.rank
+        _, b, extra, _, _ = known
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
         # module docstring, makes them all eligible or none)
@@ -477,8 +499,13 @@ class OpCore:
             self.core_ranks.add(rank)
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
+        return True
+
+    def begin(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> None:
+        """The block's proxy launched on the shard's compute stream (its stream position and
+        dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
+        _, b, _, figures, mem_rows = known
         shard = self.shard
-        ri = gpu._ri
         gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
@@ -497,18 +524,22 @@ class OpCore:
             self.block_memory[id(proxy)] = objs
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
-        while True:
-            k.launch_rest(*self.args, ri, shard.now)
-            status = self._after()
-            if status == k.ST_SUSPEND:
-                shard._suspend(gpu)
-                continue
-            if status != k.ST_LAUNCHED:
-                # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
-                self.instant_stop(gpu, status, shard.now)
-                if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
-                    shard._suspend(gpu)  # Shard.launch's check after that row
-            return True
+
+    def launch_rest(self, gpu: VirtualGPU) -> int:
+        """The rest of a block's launch (after :meth:`begin`) in the kernels: ST_SUSPEND when the
+        program must suspend first (call again once it resumed), else ST_LAUNCHED (the program may
+        have been suspended after the block's last row, an alloc or free that ran at once)."""
+        shard = self.shard
+        k.launch_rest(*self.args, gpu._ri, shard.now)
+        status = self._after()
+        if status == k.ST_SUSPEND:
+            return status
+        if status != k.ST_LAUNCHED:
+            # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
+            self.instant_stop(gpu, status, shard.now)
+            if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+                shard._suspend(gpu)  # Shard.launch's check after that row
+        return k.ST_LAUNCHED
 
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:

@@ -187,13 +187,17 @@ def training_program(config):
 
         messages: dict[tuple, tuple] = {}  # (kind, peer, tag) -> (api.prepare_p2p's message, its stream)
 
-        def message(kind: str, peer: int, tag: int, stream: str):
-            """Launch a pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p);
-            ``stream`` is the same for a (kind, peer, tag) every microbatch."""
+        def prepared_message(kind: str, peer: int, tag: int, stream: str) -> tuple:
+            """A pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p), and its
+            stream (the same for a (kind, peer, tag) every microbatch)."""
             known = messages.get((kind, peer, tag))
             if known is None:
                 known = messages[(kind, peer, tag)] = (gpu.prepare_p2p(kind, peer, p2p_bytes, tag), stream)
-            return gpu.launch_p2p(*known)
+            return known
+
+        def message(kind: str, peer: int, tag: int, stream: str):
+            """Launch a pipeline send or receive (:func:`prepared_message`)."""
+            return gpu.launch_p2p(*prepared_message(kind, peer, tag, stream))
 
         def neighbour(chunk: int, forward: bool) -> tuple[int, int]:
             """(rank, chunk) of the virtual stage this one sends to (forward) or sends gradients to."""
@@ -314,6 +318,56 @@ def training_program(config):
                 dst, dst_chunk = neighbour(chunk, False)
                 message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
 
+        # plain steps (a receive, one block the compiled engine takes, a send) run from a tape
+        # (emulator/engine/tape.py): the same launches as forward / backward make for them
+        tapes = gpu.takes_tapes() and not (zero3 or root_params)
+        tape_blocks: dict[tuple, object] = {}  # (forward?, chunk) -> its joined block, or None
+
+        def tape_step(is_forward: bool, mb: int, chunk: int):
+            """The step forward(mb, chunk) or backward(mb, chunk) launches when it is plain (see
+            tape.py; the conditions are theirs), else None."""
+            first = stage == 0 and chunk == 0
+            final = stage == last_stage and chunk == chunks - 1
+            if first or final:
+                return None
+            if is_forward:
+                if gathers.get(chunk):
+                    return None
+                block = tape_blocks.get((True, chunk), False)
+                if block is False:
+                    size = act_layer * chunk_layers[chunk]
+                    block = tape_blocks[(True, chunk)] = join_layers(segs.layer_forward, chunk_layers[chunk],
+                                                                     before=(("a", 0, size, None),))  # fmt: skip
+                known = None if block is None else gpu.tape_block(block)
+                if known is None:
+                    return None
+                gathers.pop(chunk, None)
+                src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
+                dst, dst_chunk = neighbour(chunk, True)
+                return (prepared_message("recv", src, chunk, f"pp.recv.fwd{chunk}"), known, (mb, chunk),
+                        f"stage{stage}.activations.mb{mb}.chunk{chunk}", None,
+                        prepared_message("send", dst, dst_chunk, "pp.send.fwd"))  # fmt: skip
+            reduce_now = mb == micro - 1 and grad_group is not None
+            if reduce_now and (grad_buckets[chunk][0] or grad_buckets[chunk][1]):
+                return None
+            if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
+                return None
+            block = tape_blocks.get((False, chunk), False)
+            if block is False:
+                around = ()
+                if full_layer:
+                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
+                after = (("f", 1, act_layer * chunk_layers[chunk], None),)
+                block = tape_blocks[(False, chunk)] = join_layers(segs.layer_backward, chunk_layers[chunk], around,
+                                                                  after=after)  # fmt: skip
+            known = None if block is None else gpu.tape_block(block)
+            if known is None:
+                return None
+            src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
+            dst, dst_chunk = neighbour(chunk, False)
+            return (prepared_message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}"), known, None, None,
+                    (mb, chunk), prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
+
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
             if p.overlap_grad_reduce:
@@ -333,11 +387,21 @@ def training_program(config):
             for c, buckets in enumerate(gather_buckets):
                 gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
                               for layer, size in buckets]  # fmt: skip
+            tape: list = []  # plain steps not launched yet (tape_step)
             for is_forward, mb, chunk in actions:
+                step = tape_step(is_forward, mb, chunk) if tapes else None
+                if step is not None:
+                    tape.append(step)
+                    continue
+                if tape:
+                    gpu.run_tape(tape, activations)
+                    tape = []
                 if is_forward:
                     forward(mb, chunk)
                 else:
                     backward(mb, chunk)
+            if tape:
+                gpu.run_tape(tape, activations)
             for size, group in late_buckets:
                 pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             late_buckets.clear()
