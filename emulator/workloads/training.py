@@ -321,52 +321,52 @@ def training_program(config):
         # plain steps (a receive, one block the compiled engine takes, a send) run from a tape
         # (emulator/engine/tape.py): the same launches as forward / backward make for them
         tapes = gpu.takes_tapes() and not (zero3 or root_params)
-        tape_blocks: dict[tuple, object] = {}  # (forward?, chunk) -> its joined block, or None
+        tape_parts: dict[tuple, tuple | None] = {}  # (forward?, chunk) -> (receive, block, send), or None
 
-        def tape_step(is_forward: bool, mb: int, chunk: int):
-            """The step forward(mb, chunk) or backward(mb, chunk) launches when it is plain (see
-            tape.py; the conditions are theirs), else None."""
-            first = stage == 0 and chunk == 0
-            final = stage == last_stage and chunk == chunks - 1
-            if first or final:
-                return None
+        def step_parts(is_forward: bool, chunk: int) -> tuple | None:
+            """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
+            backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
             if is_forward:
-                if gathers.get(chunk):
-                    return None
-                block = tape_blocks.get((True, chunk), False)
-                if block is False:
-                    size = act_layer * chunk_layers[chunk]
-                    block = tape_blocks[(True, chunk)] = join_layers(segs.layer_forward, chunk_layers[chunk],
-                                                                     before=(("a", 0, size, None),))  # fmt: skip
-                known = None if block is None else gpu.tape_block(block)
-                if known is None:
-                    return None
-                gathers.pop(chunk, None)
-                src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
-                dst, dst_chunk = neighbour(chunk, True)
-                return (prepared_message("recv", src, chunk, f"pp.recv.fwd{chunk}"), known, (mb, chunk),
-                        f"stage{stage}.activations.mb{mb}.chunk{chunk}", None,
-                        prepared_message("send", dst, dst_chunk, "pp.send.fwd"))  # fmt: skip
-            reduce_now = mb == micro - 1 and grad_group is not None
-            if reduce_now and (grad_buckets[chunk][0] or grad_buckets[chunk][1]):
-                return None
-            if mb == micro - 1 and edp_group is not None and expert_grad_bytes:
-                return None
-            block = tape_blocks.get((False, chunk), False)
-            if block is False:
+                size = act_layer * chunk_layers[chunk]
+                block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
+                src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
+            else:
                 around = ()
                 if full_layer:
                     around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
                 after = (("f", 1, act_layer * chunk_layers[chunk], None),)
-                block = tape_blocks[(False, chunk)] = join_layers(segs.layer_backward, chunk_layers[chunk], around,
-                                                                  after=after)  # fmt: skip
+                block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
+                src = pipe.receive_source(stage, False, p.pipeline)
+                tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
             known = None if block is None else gpu.tape_block(block)
             if known is None:
                 return None
-            src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
-            dst, dst_chunk = neighbour(chunk, False)
-            return (prepared_message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}"), known, None, None,
-                    (mb, chunk), prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
+            dst, dst_chunk = neighbour(chunk, is_forward)
+            send = (prepared_message("send", dst, dst_chunk, "pp.send.fwd") if is_forward
+                    else prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
+            return prepared_message("recv", pp_ranks[src], tag, recv_stream), known, send
+
+        def tape_step(is_forward: bool, mb: int, chunk: int):
+            """The step forward(mb, chunk) or backward(mb, chunk) launches when it is plain (see
+            tape.py; the conditions are theirs), else None."""
+            if (stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1):
+                return None  # the embedding, or the logits
+            if is_forward:
+                if gathers.get(chunk):
+                    return None
+            elif mb == micro - 1 and ((grad_group is not None and (grad_buckets[chunk][0] or grad_buckets[chunk][1]))
+                                      or (edp_group is not None and expert_grad_bytes)):  # fmt: skip
+                return None  # gradient buckets after its layers
+            parts = tape_parts.get((is_forward, chunk), False)
+            if parts is False:
+                parts = tape_parts[(is_forward, chunk)] = step_parts(is_forward, chunk)
+            if parts is None:
+                return None
+            recv, known, send = parts
+            if is_forward:
+                gathers.pop(chunk, None)
+                return recv, known, (mb, chunk), f"stage{stage}.activations.mb{mb}.chunk{chunk}", None, send
+            return recv, known, None, None, (mb, chunk), send
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group

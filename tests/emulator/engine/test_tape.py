@@ -25,8 +25,8 @@ from tests.conftest import CONFIGS
 
 BASES = ["megatron-175b-64gpu", "gpt3-175b-1024gpu", "megatron-1t-3072gpu"]
 AXES = [
-    ("parallel.tensor", [2, 4, 8, 8]),
-    ("parallel.pipeline", [2, 3, 4, 8]),
+    ("parallel.tensor", [4, 8, 8]),
+    ("parallel.pipeline", [8, 16]),
     ("parallel.virtual_stages", [1, 1, 2, 4]),
     ("parallel.schedule", ["1f1b", "1f1b", "gpipe"]),
     ("training.recompute", ["none", "selective", "full"]),
