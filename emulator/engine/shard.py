@@ -367,10 +367,12 @@ class Shard(PointToPoint, CollectiveExecution):
             gpu.cross_queued.append(op)
         stream.ops.append(op)
         stream.last = op
-        gpu.outstanding += 1
+        # (CompiledGPU keeps the count in the kernels' arrays: read and written once each here)
+        outstanding = gpu.outstanding = gpu.outstanding + 1
         if len(stream.ops) == 1:
             self._try_start(gpu, stream)
-        if gpu.outstanding >= self.max_ahead and not gpu.suspended:
+            outstanding = gpu.outstanding  # (an op that completed at once counted down)
+        if outstanding >= self.max_ahead and not gpu.suspended:
             self._suspend(gpu)
 
     def _try_start(self, gpu: VirtualGPU, stream) -> None:
@@ -481,8 +483,8 @@ class Shard(PointToPoint, CollectiveExecution):
             self._maybe_resume(gpu)
 
     def _push(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
-        gpu.seq += 1
-        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
+        seq = gpu.seq = gpu.seq + 1
+        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
 
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
