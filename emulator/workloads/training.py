@@ -392,6 +392,9 @@ def training_program(config):
                 step = tape_step(is_forward, mb, chunk) if tapes else None
                 if step is not None:
                     tape.append(step)
+                    if len(tape) == 128:  # (a tape's steps are held until it ends: a few at a time)
+                        gpu.run_tape(tape, activations)
+                        tape = []
                     continue
                 if tape:
                     gpu.run_tape(tape, activations)
