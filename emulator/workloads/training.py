@@ -392,7 +392,7 @@ def training_program(config):
                 step = tape_step(is_forward, mb, chunk) if tapes else None
                 if step is not None:
                     tape.append(step)
-                    if len(tape) == 128:  # (a tape's steps are held until it ends: a few at a time)
+                    if len(tape) == 16:  # (a tape holds its steps until it ends: a few at a time)
                         gpu.run_tape(tape, activations)
                         tape = []
                     continue
