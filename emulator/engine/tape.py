@@ -8,11 +8,15 @@ The program stays the specification: a tape launches the same ops, through the s
 (Shard.launch, OpCore.begin / launch_rest), in the same order, at the same moments - so every
 stream position, dependency, event key, statistic and error is the program's. What goes is the
 program's own Python per step (its frames, its dictionary look-ups, the GPU API's calls) and
-the greenlet: the program's greenlet stays suspended while its tape runs (one switch per tape),
-and where the program would have been suspended half way through a step (Shard.launch at
-``max_ops_ahead`` outstanding ops, OpCore.launch waiting for room in the kernels' ring) the tape
-keeps its place (:attr:`Tape.i`, :attr:`Tape.phase`) and Shard._maybe_resume runs it on, as it
-would have switched to the program there.
+most greenlet switches: the program's greenlet stays suspended while its tape runs, and where the
+program would have been suspended half way through a step (Shard.launch at ``max_ops_ahead``
+outstanding ops, OpCore.launch waiting for room in the kernels' ring) the tape keeps its place
+(:attr:`Tape.i`, :attr:`Tape.phase`) and Shard._maybe_resume runs it on, as it would have
+switched to the program there. (A program never waits for a receive - ``wait()`` orders the
+compute stream after it - so it is suspended only at ``max_ops_ahead``: with the default 256 the
+reference run switched 64,374 times for its 393,216 steps, 2,994 times with tapes.) The ops
+themselves, their Python rules and the kernel calls that start and complete them are the same:
+a tape is the interface a compiled executor of the steps would take (docs/performance.md).
 
 Where a rank's next actions are not plain steps (the first and last stage's embedding and logits,
 the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a block the kernels do
