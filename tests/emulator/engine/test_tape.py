@@ -161,3 +161,19 @@ def test_shortened_reference_run(taped, monkeypatch):
     # 384 hosted ranks x 32 microbatches x 2 steps; the first and last stages' are the program's
     assert taped[0] > 0.9 * 384 * 32 * 2 * 62 / 64
     assert on == _run("megatron-1t-3072gpu", args, False, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.25}]"],  # a slow link on the pipeline's path
+        ["parallel.virtual_stages=4", "engine.max_ops_ahead=5"],  # interleaved, 4 chunks a stage
+        ["faults.slow_gpu=[{ranks: [17], factor: 0.5}]", "engine.fold_tensor_groups=false"],  # a straggler
+    ],
+)
+def test_named_cases(extra, taped, monkeypatch):
+    args = ["training.global_batch_size=16", *extra]
+    on = _run("megatron-175b-64gpu", args, True, monkeypatch)
+    assert taped[0] > 0
+    assert on[0] != "OutOfMemoryError", on
+    assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
