@@ -318,6 +318,23 @@ class GPU:
             return False
         return core.launch(self._gpu, block, memory)
 
+    def takes_tapes(self) -> bool:
+        """Whether this rank's plain pipeline steps can run from tapes (emulator/engine/tape.py)."""
+        return self._shard.tapes_on and self._gpu.trace is None
+
+    def tape_block(self, block: list):
+        """The compiled per-op engine's entry for a block of tensor_parallel.prepare_segments when
+        this rank's plain pipeline steps can run from a tape with it (emulator/engine/tape.py), else
+        None (launch it with launch_prepared)."""
+        core = self._shard.ops_core
+        known = core.known(self._gpu, block)
+        return known if core.eligible(self._gpu, known) else None
+
+    def run_tape(self, steps: list, held: dict) -> None:
+        """Launch a run of pipeline steps (emulator/engine/tape.py: each a receive, a block that
+        :meth:`tape_block` took, a send) as launching them one by one would."""
+        self._shard.run_tape(self._gpu, steps, held)
+
     def compute_ns(self, name: str, duration_ns) -> int:
         """A kernel's explicit duration, checked (a ProgramError unless 0 <= ns <= MAX_OP_NS)."""
         if not (isinstance(duration_ns, numbers.Real) and 0 <= duration_ns <= MAX_OP_NS):

@@ -220,8 +220,9 @@ class OpCore:
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
-        # id(proxy) -> its block's allocs and frees, (row, alloc?, Allocation), until the block ends
-        self.block_memory: dict[int, list] = {}
+        # id(proxy) -> (the allocations its block leaves live, those it frees, its memory rows, the
+        # slots as the caller gave them) until the block ends (begin, _apply_memory, _out_of_memory)
+        self.block_memory: dict[int, tuple] = {}
         self.top = INF
         self._pack()
 
@@ -432,6 +433,18 @@ class OpCore:
         """Launch a prepared block (tensor_parallel.prepare_segments) as launch_prepared would;
         False when it is not eligible (the caller launches it op by op). ``memory``: its alloc and
         free rows' allocations by slot, as tensor_parallel.launch_prepared takes them."""
+        known = self.known(gpu, block)
+        if not self.claim(gpu, known):
+            return False
+        self.begin(gpu, known, memory)
+        shard = self.shard
+        while self.launch_rest(gpu) == k.ST_SUSPEND:
+            shard._suspend(gpu)
+        return True
+
+    def known(self, gpu: VirtualGPU, block: list) -> tuple:
+        """The block's entry for ``gpu``: (block, template or -1, (gid, collectives), the proxy's
+        figures, its memory rows), made once per block (and slow rank)."""
         rank = gpu.rank
         faults = self.faults
         # a slow GPU's blocks have their own templates (their durations as launched)
@@ -461,8 +474,18 @@ class OpCore:
                 # (row, slot, alloc or free, bytes, name) of its memory rows
                 mem_rows = tuple((pos, row[1], row[0] == "a", row[2], row[3]) for pos, row in enumerate(block)
                                  if row[0] == "a" or row[0] == "f") or None  # fmt: skip
-            known = self.blocks[key] = (block, b, extra, figures, mem_rows)
-        _, b, extra, figures, mem_rows = known
+            known = self.blocks[key] = (block, b, extra, figures, mem_rows, _memory_plan(mem_rows))
+        return known
+
+    def eligible(self, gpu: VirtualGPU, known: tuple) -> bool:
+        """Whether :meth:`claim` would take the block (the tape asks before it plans the block)."""
+        return known[1] >= 0 and not (known[2] and gpu.rank in self.python_ranks)
+
+    def claim(self, gpu: VirtualGPU, known: tuple) -> bool:
+        """Whether the kernels run the block of entry ``known`` (:meth:`known`); when they do, its
+        tensor calls are counted as launched (the group's call numbers)."""
+        rank = gpu.rank
+        _, b, extra = known[:3]
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
         # module docstring, makes them all eligible or none)
@@ -477,38 +500,48 @@ class OpCore:
             self.core_ranks.add(rank)
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
+        return True
+
+    def begin(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> None:
+        """The block's proxy launched on the shard's compute stream (its stream position and
+        dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
+        _, b, _, figures, mem_rows, plan = known
         shard = self.shard
-        ri = gpu._ri
         gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
         if mem_rows is not None:
-            # the Allocations as GPU.alloc / GPU.free make them at launch; the rank's set of live
-            # ones takes them when the block ends (_apply_memory: nothing reads it before)
-            objs = []
-            for pos, slot, alloc, size, name in mem_rows:
-                if alloc:
-                    obj = memory[slot] = Allocation(memory[slot] if name is None else name, size)
-                else:
-                    obj = memory[slot]
-                    assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
-                    obj.freed = True
-                objs.append((pos, alloc, obj))
-            self.block_memory[id(proxy)] = objs
+            # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
+            # rank's set of live ones takes what the block leaves of them when it ends
+            # (_apply_memory: nothing reads it before; _memory_plan)
+            given = memory[:]
+            finals, kept, freed = plan
+            for slot, name, size in finals:
+                memory[slot] = Allocation(given[slot] if name is None else name, size)
+            net = [memory[slot] for slot in kept]
+            for slot in freed:
+                obj = given[slot]
+                assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
+                obj.freed = True
+            self.block_memory[id(proxy)] = (net, [given[slot] for slot in freed], mem_rows, given)
         # the block's first op: its stream position and dependencies on the shard's compute stream
         shard.launch(gpu, proxy, "compute")
-        while True:
-            k.launch_rest(*self.args, ri, shard.now)
-            status = self._after()
-            if status == k.ST_SUSPEND:
-                shard._suspend(gpu)
-                continue
-            if status != k.ST_LAUNCHED:
-                # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
-                self.instant_stop(gpu, status, shard.now)
-                if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
-                    shard._suspend(gpu)  # Shard.launch's check after that row
-            return True
+
+    def launch_rest(self, gpu: VirtualGPU) -> int:
+        """The rest of a block's launch (after :meth:`begin`) in the kernels: ST_SUSPEND when the
+        program must suspend first (call again once it resumed), else ST_LAUNCHED (the program may
+        have been suspended after the block's last row, an alloc or free that ran at once)."""
+        shard = self.shard
+        k.launch_rest(*self.args, gpu._ri, shard.now)
+        status = self._after()
+        if status == k.ST_SUSPEND:
+            return status
+        if status != k.ST_LAUNCHED:
+            # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
+            self.instant_stop(gpu, status, shard.now)
+            if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+                shard._suspend(gpu)  # Shard.launch's check after that row
+        return k.ST_LAUNCHED
 
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
@@ -551,27 +584,35 @@ class OpCore:
         if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
-    def _apply_memory(self, gpu: VirtualGPU, proxy: Op, upto: int | None = None) -> None:
-        """The block's allocs and frees (its rows up to ``upto``) on the rank's set of live
-        allocations, in their order (Shard._instant; the kernels counted the bytes)."""
-        objs = self.block_memory.pop(id(proxy), None)
-        if objs:
+    def _apply_memory(self, gpu: VirtualGPU, proxy: Op) -> None:
+        """What the block's allocs and frees leave on the rank's set of live allocations (Shard._instant
+        row by row: an allocation the block frees again leaves nothing; the kernels counted the
+        bytes)."""
+        entry = self.block_memory.pop(id(proxy), None)
+        if entry is not None:
             live = gpu.allocations
-            for pos, alloc, obj in objs:
-                if upto is not None and pos > upto:
-                    break
-                if alloc:
-                    live.add(obj)
-                else:
-                    live.discard(obj)
+            for obj in entry[0]:
+                live.add(obj)
+            for obj in entry[1]:
+                live.discard(obj)
 
     def _out_of_memory(self, gpu: VirtualGPU, t: int) -> None:
-        """Shard._instant's error for the alloc the kernels stopped at (G_RET_OP)."""
+        """Shard._instant's error for the alloc the kernels stopped at (G_RET_OP): the block's rows
+        up to it applied one by one on the rank's set of live allocations."""
         pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
         proxy = self.proxies[gpu._ri]
-        block = next(obj for p, _, obj in self.block_memory[id(proxy)] if p == pos)
-        self._apply_memory(gpu, proxy, pos)
-        raise OutOfMemoryError(oom_message(gpu, block, t))
+        _, _, mem_rows, given = self.block_memory.pop(id(proxy))
+        memory = list(given)
+        live = gpu.allocations
+        for row, slot, alloc, size, name in mem_rows:
+            if row > pos:
+                break
+            if alloc:
+                obj = memory[slot] = Allocation(memory[slot] if name is None else name, size)
+                live.add(obj)
+            else:
+                live.discard(memory[slot])
+        raise OutOfMemoryError(oom_message(gpu, obj, t))
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
@@ -654,6 +695,33 @@ class OpCore:
                     waits = gpu.wait_ns.setdefault(stream, {})
                     waits[by] = waits.get(by, 0) + int(rs[ri, col])
                     rs[ri, hit] = rs[ri, col] = 0
+
+
+def _memory_plan(mem_rows: tuple | None) -> tuple | None:
+    """What a block's alloc and free rows ``(row, slot, alloc?, bytes, name)`` leave when it ends,
+    for OpCore.begin: ``(each slot's last alloc (slot, name, bytes), the slots whose last alloc
+    the block does not free, the slots of allocations made before it that it frees)``. The rows
+    the built-in workload makes: a slot is allocated (by name, or named by what the caller put
+    in it, when that slot has no row before) and freed at most once in turn, or freed once when
+    allocated before the block."""
+    if mem_rows is None:
+        return None
+    state: dict[int, str] = {}  # slot -> "live" / "freed" (an alloc of the block's), "ext": freed from before
+    last: dict[int, tuple] = {}
+    freed = []
+    for _, slot, alloc, size, name in mem_rows:
+        held = state.get(slot)
+        if alloc:
+            assert held != "live" and (name is not None or held is None), mem_rows
+            state[slot] = "live"
+            last[slot] = (slot, name, size)
+        else:
+            assert held in (None, "live"), mem_rows  # (GPU.free's check: freed twice)
+            state[slot] = "freed" if held == "live" else "ext"
+            if held is None:
+                freed.append(slot)
+    kept = tuple(slot for slot, held in state.items() if held == "live")
+    return tuple(last.values()), kept, tuple(freed)
 
 
 def warm_up() -> None:

@@ -41,6 +41,8 @@ from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, M
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
+from emulator.engine.tape import Tape
+from emulator.engine.tape import enabled as tape_enabled
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
 from emulator.hardware.compute import op_duration_ns
@@ -123,6 +125,10 @@ class Shard(PointToPoint, CollectiveExecution):
                 and self._closed_tensor_ops()):  # fmt: skip
             self._compile_ops()
         self._compile_messages()  # point-to-point messages through the compiled core (p2p.py)
+        # the built-in program's plain pipeline steps run from tapes (tape.py) where the kernels
+        # take its blocks; rank -> its tape while one runs
+        self.tapes_on = self.ops_core is not None and tape_enabled()
+        self.tapes: dict[int, Tape] = {}
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -200,7 +206,30 @@ class Shard(PointToPoint, CollectiveExecution):
 
     def _suspend(self, gpu: VirtualGPU) -> None:
         gpu.suspended = True
-        gpu.greenlet.parent.switch()
+        if gpu.rank not in self.tapes:  # a tape keeps its place itself (Tape.run returns)
+            gpu.greenlet.parent.switch()
+
+    def run_tape(self, gpu: VirtualGPU, steps: list, held: dict) -> None:
+        """Called from a program: launch ``steps`` (tape.py) as the program would; return when the
+        last one is launched (the program suspended meanwhile: :meth:`_maybe_resume` runs them)."""
+        tape = self.tapes[gpu.rank] = Tape(self, gpu, steps, held)
+        try:
+            done = tape.run()
+        except BaseException:
+            del self.tapes[gpu.rank]
+            raise
+        if done:
+            del self.tapes[gpu.rank]
+        else:
+            gpu.greenlet.parent.switch()  # back when the tape has ended (_resume_tape)
+
+    def _resume_tape(self, gpu: VirtualGPU, tape: Tape) -> None:
+        """Where the program would be switched to while its tape runs: the tape goes on, and the
+        program once the tape has ended."""
+        gpu.suspended = False
+        if tape.run():
+            del self.tapes[gpu.rank]
+            self._switch(gpu)
 
     def _maybe_resume(self, gpu: VirtualGPU) -> None:
         if not gpu.suspended:
@@ -211,6 +240,11 @@ class Shard(PointToPoint, CollectiveExecution):
             gpu.sync_op = None
         elif gpu.outstanding > self.max_ahead // 2:
             return
+        if self.tapes:
+            tape = self.tapes.get(gpu.rank)
+            if tape is not None:
+                self._resume_tape(gpu, tape)
+                return
         self._switch(gpu)
 
     def group(self, ranks: tuple[int, ...]) -> Group:
@@ -333,10 +367,12 @@ class Shard(PointToPoint, CollectiveExecution):
             gpu.cross_queued.append(op)
         stream.ops.append(op)
         stream.last = op
-        gpu.outstanding += 1
+        # (CompiledGPU keeps the count in the kernels' arrays: read and written once each here)
+        outstanding = gpu.outstanding = gpu.outstanding + 1
         if len(stream.ops) == 1:
             self._try_start(gpu, stream)
-        if gpu.outstanding >= self.max_ahead and not gpu.suspended:
+            outstanding = gpu.outstanding  # (an op that completed at once counted down)
+        if outstanding >= self.max_ahead and not gpu.suspended:
             self._suspend(gpu)
 
     def _try_start(self, gpu: VirtualGPU, stream) -> None:
@@ -447,8 +483,8 @@ class Shard(PointToPoint, CollectiveExecution):
             self._maybe_resume(gpu)
 
     def _push(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
-        gpu.seq += 1
-        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, gpu.seq, obj))
+        seq = gpu.seq = gpu.seq + 1
+        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
 
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:

@@ -187,13 +187,17 @@ def training_program(config):
 
         messages: dict[tuple, tuple] = {}  # (kind, peer, tag) -> (api.prepare_p2p's message, its stream)
 
-        def message(kind: str, peer: int, tag: int, stream: str):
-            """Launch a pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p);
-            ``stream`` is the same for a (kind, peer, tag) every microbatch."""
+        def prepared_message(kind: str, peer: int, tag: int, stream: str) -> tuple:
+            """A pipeline send or receive of ``p2p_bytes``, checked once (api.prepare_p2p), and its
+            stream (the same for a (kind, peer, tag) every microbatch)."""
             known = messages.get((kind, peer, tag))
             if known is None:
                 known = messages[(kind, peer, tag)] = (gpu.prepare_p2p(kind, peer, p2p_bytes, tag), stream)
-            return gpu.launch_p2p(*known)
+            return known
+
+        def message(kind: str, peer: int, tag: int, stream: str):
+            """Launch a pipeline send or receive (:func:`prepared_message`)."""
+            return gpu.launch_p2p(*prepared_message(kind, peer, tag, stream))
 
         def neighbour(chunk: int, forward: bool) -> tuple[int, int]:
             """(rank, chunk) of the virtual stage this one sends to (forward) or sends gradients to."""
@@ -314,6 +318,56 @@ def training_program(config):
                 dst, dst_chunk = neighbour(chunk, False)
                 message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
 
+        # plain steps (a receive, one block the compiled engine takes, a send) run from a tape
+        # (emulator/engine/tape.py): the same launches as forward / backward make for them
+        tapes = gpu.takes_tapes() and not (zero3 or root_params)
+        tape_parts: dict[tuple, tuple | None] = {}  # (forward?, chunk) -> (receive, block, send), or None
+
+        def step_parts(is_forward: bool, chunk: int) -> tuple | None:
+            """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
+            backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
+            if is_forward:
+                size = act_layer * chunk_layers[chunk]
+                block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
+                src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
+            else:
+                around = ()
+                if full_layer:
+                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
+                after = (("f", 1, act_layer * chunk_layers[chunk], None),)
+                block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
+                src = pipe.receive_source(stage, False, p.pipeline)
+                tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
+            known = None if block is None else gpu.tape_block(block)
+            if known is None:
+                return None
+            dst, dst_chunk = neighbour(chunk, is_forward)
+            send = (prepared_message("send", dst, dst_chunk, "pp.send.fwd") if is_forward
+                    else prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
+            return prepared_message("recv", pp_ranks[src], tag, recv_stream), known, send
+
+        def tape_step(is_forward: bool, mb: int, chunk: int):
+            """The step forward(mb, chunk) or backward(mb, chunk) launches when it is plain (see
+            tape.py; the conditions are theirs), else None."""
+            if (stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1):
+                return None  # the embedding, or the logits
+            if is_forward:
+                if gathers.get(chunk):
+                    return None
+            elif mb == micro - 1 and ((grad_group is not None and (grad_buckets[chunk][0] or grad_buckets[chunk][1]))
+                                      or (edp_group is not None and expert_grad_bytes)):  # fmt: skip
+                return None  # gradient buckets after its layers
+            parts = tape_parts.get((is_forward, chunk), False)
+            if parts is False:
+                parts = tape_parts[(is_forward, chunk)] = step_parts(is_forward, chunk)
+            if parts is None:
+                return None
+            recv, known, send = parts
+            if is_forward:
+                gathers.pop(chunk, None)
+                return recv, known, (mb, chunk), f"stage{stage}.activations.mb{mb}.chunk{chunk}", None, send
+            return recv, known, None, None, (mb, chunk), send
+
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
             if p.overlap_grad_reduce:
@@ -333,11 +387,24 @@ def training_program(config):
             for c, buckets in enumerate(gather_buckets):
                 gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
                               for layer, size in buckets]  # fmt: skip
+            tape: list = []  # plain steps not launched yet (tape_step)
             for is_forward, mb, chunk in actions:
+                step = tape_step(is_forward, mb, chunk) if tapes else None
+                if step is not None:
+                    tape.append(step)
+                    if len(tape) == 16:  # (a tape holds its steps until it ends: a few at a time)
+                        gpu.run_tape(tape, activations)
+                        tape = []
+                    continue
+                if tape:
+                    gpu.run_tape(tape, activations)
+                    tape = []
                 if is_forward:
                     forward(mb, chunk)
                 else:
                     backward(mb, chunk)
+            if tape:
+                gpu.run_tape(tape, activations)
             for size, group in late_buckets:
                 pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             late_buckets.clear()

@@ -1,0 +1,122 @@
+"""A rank's plain pipeline steps run from a *tape*: the built-in training program hands the engine a
+run of them in one call (api.GPU.run_tape) instead of launching each step's ops itself.
+
+A step is what training.py's forward / backward launch for a middle stage's microbatch when
+nothing else runs between them: a pipeline receive and its ``wait()``, one layer block the compiled
+per-op engine takes (opcore.py: an eligible template, with its memory rows), and a pipeline send.
+The program stays the specification: a tape launches the same ops, through the same calls
+(Shard.launch, OpCore.begin / launch_rest), in the same order, at the same moments - so every
+stream position, dependency, event key, statistic and error is the program's. What goes is the
+program's own Python per step (its frames, its dictionary look-ups, the GPU API's calls) and
+most greenlet switches: the program's greenlet stays suspended while its tape runs, and where the
+program would have been suspended half way through a step (Shard.launch at ``max_ops_ahead``
+outstanding ops, OpCore.launch waiting for room in the kernels' ring) the tape keeps its place
+(:attr:`Tape.i`, :attr:`Tape.phase`) and Shard._maybe_resume runs it on, as it would have
+switched to the program there. (A program never waits for a receive - ``wait()`` orders the
+compute stream after it - so it is suspended only at ``max_ops_ahead``: with the default 256 the
+reference run switched 64,374 times for its 393,216 steps, 2,994 times with tapes.) The ops
+themselves, their Python rules and the kernel calls that start and complete them are the same:
+a tape is the interface a compiled executor of the steps would take (docs/performance.md).
+
+Where a rank's next actions are not plain steps (the first and last stage's embedding and logits,
+the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a block the kernels do
+not take, a traced rank), the program runs them itself, as without a tape.
+
+``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself):
+tests/emulator/engine/test_tape.py compares whole runs both ways, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+from emulator.engine.opkernels import ST_SUSPEND
+from emulator.engine.ops import Op
+
+
+def enabled() -> bool:
+    """Whether shards run tapes (read once per shard)."""
+    return os.environ.get("EMULATOR_TAPE", "1") != "0"
+
+
+class Tape:
+    """A run of a rank's pipeline steps and how far the engine has launched them.
+
+    ``steps``: ``(recv, known, alloc_key, alloc_name, free_key, send)`` each, where ``recv`` and
+    ``send`` are ``(api.GPU.prepare_p2p's message, stream)`` or None, ``known`` the block's entry
+    (OpCore.known, eligible), ``alloc_key`` / ``alloc_name`` where the block's alloc row's
+    allocation goes in ``held`` and the name it takes (slot 0, as training.forward passes it), and
+    ``free_key`` the key in ``held`` of the allocation its free row frees (slot 1, as
+    training.backward passes it); ``held`` is the program's map of live allocations."""
+
+    __slots__ = ("shard", "gpu", "core", "steps", "held", "i", "phase", "op", "memory")
+
+    def __init__(self, shard, gpu, steps: list, held: dict):
+        self.shard = shard
+        self.gpu = gpu
+        self.core = shard.ops_core
+        self.steps = steps
+        self.held = held
+        self.i = 0  # the step being launched
+        self.phase = 0  # 0: its receive, 1: its block's proxy, 2: the block's rest, 3: its send
+        self.op = None  # the step's receive (its wait() comes after the launch)
+        self.memory = None  # the step's block's allocations by slot
+
+    def run(self) -> bool:
+        """Launch steps until the program would be suspended (False) or the tape ends (True)."""
+        shard, gpu, core = self.shard, self.gpu, self.core
+        steps = self.steps
+        i, phase = self.i, self.phase
+        n = len(steps)
+        launch = shard.launch
+        while i < n:
+            recv, known, alloc_key, alloc_name, free_key, send = steps[i]
+            if phase == 0:
+                phase = 1
+                if recv is not None:
+                    op = self.op = Op(*recv[0])
+                    launch(gpu, op, recv[1], True)
+                    if gpu.suspended:
+                        self.i, self.phase = i, phase
+                        return False
+            if phase == 1:
+                phase = 2
+                if recv is not None:
+                    op = self.op
+                    self.op = None
+                    if not op.done:  # (Op.wait on "compute")
+                        waits = gpu.pending_waits
+                        pending = waits.get("compute")
+                        if pending is None:
+                            waits["compute"] = [op]
+                        else:
+                            pending.append(op)
+                memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
+                claimed = core.claim(gpu, known)
+                assert claimed, "a tape's block the kernels do not take"
+                core.begin(gpu, known, memory)
+                if gpu.suspended:
+                    self.i, self.phase = i, phase
+                    return False
+            if phase == 2:
+                if core.launch_rest(gpu) == ST_SUSPEND:  # no room in the kernels' ring yet
+                    shard._suspend(gpu)
+                    self.i, self.phase = i, phase
+                    return False
+                phase = 3
+                if alloc_key is not None:
+                    self.held[alloc_key] = self.memory[0]
+                self.memory = None
+                if gpu.suspended:  # Shard.launch's check after a last alloc or free row
+                    self.i, self.phase = i, phase
+                    return False
+            # phase 3
+            i += 1
+            phase = 0
+            if send is not None:
+                launch(gpu, Op(*send[0]), send[1], True)
+                if gpu.suspended:
+                    self.i, self.phase = i, phase
+                    return False
+        self.i, self.phase = i, 0
+        return True
