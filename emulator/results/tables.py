@@ -215,6 +215,9 @@ def csv_plain(texts) -> bool:
 
 
 _OPTIONAL = ("message_bytes", "link_bytes")
+# the columns that _timeline_arrays gives as arrays alone: their lists (0.2 million ints and floats
+# each in the reference run, about 25 MiB in all) are built only if something reads them
+_ARRAY_ONLY = ("bucket", "start_s", "end_s", "message_bytes", "link_bytes")
 
 
 @dataclass
@@ -239,7 +242,19 @@ class TimelineColumns:
     _texts: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:  # the number of rows: no rows, no counters in the trace
+        if "bucket" not in self.__dict__:
+            return len(self._texts[("array", "bucket")])
         return len(self.bucket)
+
+    def __getattr__(self, name: str):
+        """A column given only as its array (:func:`_timeline_arrays`: the writers read the arrays),
+        as its list, built on first read."""
+        arrays = self.__dict__.get("_texts", {})
+        if name in _ARRAY_ONLY and ("array", name) in arrays:
+            values = arrays[("array", name)].tolist()
+            setattr(self, name, values)
+            return values
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> TimelineColumns:
@@ -557,11 +572,11 @@ def _timeline_arrays(result: RunResult, topo, cap: list[float]) -> TimelineColum
     offset = bucket - first
     start, end = seconds[offset], seconds[offset + 1]
     message, link = np.concatenate(messages), np.concatenate(carried)
-    out = TimelineColumns(names, bucket.tolist(), start.tolist(), end.tolist(), message.tolist(), link.tolist(),
-                          utilisation, seconds=(first, values))  # fmt: skip
+    out = TimelineColumns(names, [], [], [], [], [], utilisation, seconds=(first, values))
     for column, array in (("bucket", bucket), ("start_s", start), ("end_s", end), ("message_bytes", message),
                           ("link_bytes", link)):  # fmt: skip
         out._texts[("array", column)] = array
+        del out.__dict__[column]  # its list built when read (TimelineColumns.__getattr__)
     return out
 
 
