@@ -71,12 +71,12 @@ def export_shard(shard) -> dict:
     data["traces"] = {}
     for g in shard.gpus.values():
         if g.trace is not None:
-            from emulator.engine.folding import replicate_trace
+            from emulator.engine.folding import replicate_traces
 
             wanted = getattr(shard, "trace_requested", None)
-            for j in range(fold):
-                if wanted is None or g.rank + j in wanted:
-                    data["traces"][g.rank + j] = replicate_trace(g.trace, j, fold) if j else g.trace
+            offsets = [j for j in range(fold) if wanted is None or g.rank + j in wanted]
+            for j, trace in zip(offsets, replicate_traces(g.trace, offsets, fold), strict=True):
+                data["traces"][g.rank + j] = trace
     if fold > 1:
         from emulator.engine.folding import replicate_links
 
@@ -122,6 +122,9 @@ def merge(world_size: int, exports: list[dict], rounds: int, cross_shard_message
 def _merge_counts(dicts: list[dict], nested: bool = True) -> dict:
     """Sum counters (``{key: {bucket: n}}`` when nested, ``{bucket: n}`` otherwise), keys sorted."""
     if not nested:
+        fast = _sum_int_counts(dicts)
+        if fast is not None:
+            return fast
         total: dict[int, int] = {}
         for d in dicts:
             for k, v in d.items():
@@ -132,6 +135,31 @@ def _merge_counts(dicts: list[dict], nested: bool = True) -> dict:
         for key, inner in d.items():
             out.setdefault(key, []).append(inner)
     return {k: _merge_counts(v, nested=False) for k, v in sorted(out.items())}
+
+
+def _sum_int_counts(dicts: list[dict]) -> dict[int, int] | None:
+    """:func:`_merge_counts` of flat counters whose keys and counts are all plain ints in int64 (the
+    shards' own exports; a Ray export read back from JSON has text keys): the same dict, summed
+    and sorted by numpy (the reference run's traffic timeline, 200,000 buckets, took 0.15 s by
+    the loop); None for anything else."""
+    import numpy as np
+
+    if not all(set(map(type, d)) <= {int} and set(map(type, d.values())) <= {int} for d in dicts):
+        return None
+    try:
+        keys = [np.fromiter(d, dtype=np.int64, count=len(d)) for d in dicts]
+        counts = [np.fromiter(d.values(), dtype=np.int64, count=len(d)) for d in dicts]
+    except OverflowError:
+        return None
+    if len(dicts) == 1 and np.all(keys[0][1:] > keys[0][:-1]):
+        return dict(dicts[0])  # already in key order
+    key, count = np.concatenate(keys), np.concatenate(counts)
+    if len(dicts) > 1 and len(count) and np.abs(count).max() >= (1 << 62) // len(count):
+        return None  # a sum could leave int64: Python's ints add without bound
+    order = np.argsort(key, kind="stable")
+    key, count = key[order], count[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, dtype=np.int64)
+    return dict(zip(key[first].tolist(), np.add.reduceat(count, first).tolist() if len(key) else [], strict=True))
 
 
 def _encode(value, out: list[str]) -> None:

@@ -33,9 +33,10 @@ CSV_TABLES = {
 
 
 class _Rows:
-    """A table field given as rows (dicts) or as :class:`emulator.results.tables.TimelineColumns`,
-    read as rows: the reference run's 217,000 timeline dicts are built only when something reads
-    them (the run directory is written from the columns; ``emulator run`` reads no rows)."""
+    """A table field given as rows (dicts) or as :class:`emulator.results.tables.TimelineColumns`
+    or :class:`emulator.results.tables.TableColumns`, read as rows: the reference run's 217,000
+    timeline dicts and 16,000 link dicts are built only when something reads them (the run
+    directory is written from the columns; ``emulator run`` reads no rows)."""
 
     def __set_name__(self, owner, name: str) -> None:
         self.slot = f"_{name}"
@@ -45,7 +46,8 @@ class _Rows:
             return ()  # the dataclass default (immutable): no rows
         rows = obj.__dict__[self.slot]
         if not isinstance(rows, list):
-            rows = obj.__dict__[self.slot] = rows.rows() if isinstance(rows, tables.TimelineColumns) else list(rows)
+            columns = isinstance(rows, (tables.TimelineColumns, tables.TableColumns))
+            rows = obj.__dict__[self.slot] = rows.rows() if columns else list(rows)
         return rows
 
     def __set__(self, obj, rows) -> None:
@@ -58,7 +60,7 @@ class RunTables:
 
     summary: dict
     config: dict
-    links: list[dict] = field(default_factory=list)
+    links: list[dict] = _Rows()
     ranks: list[dict] = field(default_factory=list)
     histograms: list[dict] = field(default_factory=list)
     timeline: list[dict] = _Rows()
@@ -82,9 +84,9 @@ def write_run_dir(out_dir: Path, config, summary: dict) -> Path:
 
 
 def build_tables(config, summary: dict, result: RunResult, topo, timeline: tables.TimelineColumns | None = None,
-                 ends: dict | None = None) -> RunTables:  # fmt: skip
-    """Derive every table of a finished run (``timeline``: its columns, ``ends``: the links'
-    endpoints, when already derived)."""
+                 ends: dict | None = None, links: tables.TableColumns | None = None) -> RunTables:  # fmt: skip
+    """Derive every table of a finished run (``timeline``, ``links``: their columns, ``ends``: the
+    links' endpoints, when already derived)."""
     from emulator.config.typed import to_dict
 
     ends = tables.link_endpoints(topo) if ends is None else ends
@@ -93,7 +95,7 @@ def build_tables(config, summary: dict, result: RunResult, topo, timeline: table
     return RunTables(
         summary=summary,
         config=to_dict(config),
-        links=tables.link_rows(result, topo, ends),
+        links=tables.link_columns(result, topo, ends) if links is None else links,  # its rows built when read
         ranks=tables.rank_rows(result, topo, config),
         histograms=tables.histogram_rows(result, topo),
         timeline=timeline,  # its rows built when read
@@ -105,8 +107,12 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
     out = write_run_dir(Path(out_dir), config, summary)
     ends = tables.link_endpoints(topo)
     timeline = tables.timeline_columns(result, topo, ends)
-    data = build_tables(config, summary, result, topo, timeline, ends)
+    links = tables.link_columns(result, topo, ends)
+    data = build_tables(config, summary, result, topo, timeline, ends, links)
     for name, columns in CSV_TABLES.items():
+        if name == "links" and links.plain():  # written from the columns: no row dicts
+            write_lines(out / "links.csv", links.columns, columns)
+            continue
         if name == "timeline" and tables.csv_plain(topo.tier_names):
             # timeline.csv, the long one: its values are ints, floats and the tier names, which the
             # csv module writes as str does; formatted from the columns (tables.TimelineColumns)
@@ -146,6 +152,15 @@ def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...], plain: boo
             f.write("".join(map((",".join(["%s"] * len(columns)) + "\r\n").__mod__, map(get, rows))))
         else:
             writer.writerows(map(get, rows))
+
+
+def write_lines(path: Path, columns: list[list], names: tuple[str, ...]) -> None:
+    """:func:`write_csv` with ``plain`` of a table given by columns (:class:`emulator.results.tables.TableColumns`,
+    whose :meth:`~emulator.results.tables.TableColumns.plain` the caller checked): the same bytes."""
+    assert len(columns) == len(names), (len(columns), names)
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerow(names)
+        f.write("".join(map((",".join(["%s"] * len(names)) + "\r\n").__mod__, zip(*columns, strict=True))))
 
 
 def _number(text: str):

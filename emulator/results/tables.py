@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 
@@ -83,19 +85,53 @@ def sim_time_ns(result: RunResult) -> int:
 def link_rows(result: RunResult, topo, ends: dict | None = None) -> list[dict]:
     """One row per link of the cluster (unused links included, with zeros); ``ends``:
     :func:`link_endpoints`, when the caller has them already."""
+    return link_columns(result, topo, ends).rows()
+
+
+@dataclass
+class TableColumns:
+    """A table by columns (``columns[j][i]``: row ``i``'s value of ``names[j]``), its row dicts
+    built only when read (:meth:`rows`)."""
+
+    names: tuple[str, ...]
+    columns: list
+
+    def rows(self) -> list[dict]:
+        return list(map(dict, map(partial(zip, self.names), zip(*self.columns, strict=True))))
+
+    def plain(self) -> bool:
+        """Whether ``str`` writes every cell as the csv module does: ints, floats and strings
+        that need no quoting (:func:`csv_plain`), no bool nor None."""
+        texts = []
+        for column in self.columns:
+            types = set(map(type, column))
+            if not types <= {int, float, str}:
+                return False
+            if str in types:
+                texts += column if types == {str} else [v for v in column if type(v) is str]
+        # one scan of all the strings (tens of thousands of link names): none empty, none to quote
+        return all(texts) and not any(c in "\0".join(texts) for c in ',"\r\n')
+
+
+def link_columns(result: RunResult, topo, ends: dict | None = None) -> TableColumns:
+    """:func:`link_rows` by columns (``LINK_COLUMNS``): the same values, gathered column by column."""
     sim_ns = sim_time_ns(result)
     ends = link_endpoints(topo) if ends is None else ends
-    rows = []
-    for link, name in enumerate(topo.link_name):
-        nbytes, busy, messages, max_wait = result.links.get(link, (0, 0, 0, 0))
-        direction, src, dst = ends[link]
-        rows.append({
-            "link": link, "name": name, "tier": topo.tier_names[topo.link_tier[link]], "direction": direction,
-            "node": topo.link_node[link], "src": src, "dst": dst, "bandwidth_GBps": round(topo.link_bw[link], 6),
-            "bytes": nbytes, "messages": messages, "busy_ns": busy,
-            "utilisation": round(busy / sim_ns, 6) if sim_ns else 0.0, "peak_queue_ns": max_wait,
-        })  # fmt: skip
-    return rows
+    n = len(topo.link_name)
+    figures = list(map(result.links.get, range(n), repeat((0, 0, 0, 0))))
+    nbytes, busy, messages, max_wait = (list(c) for c in zip(*figures, strict=True)) if n else ([], [], [], [])
+    direction, src, dst = (list(c) for c in zip(*map(ends.__getitem__, range(n)), strict=True)) if n else ([], [], [])
+    if not sim_ns:
+        utilisation = [0.0] * n
+    elif sim_ns < _EXACT and max(busy, default=0) < _EXACT:  # exact as floats: numpy's division is Python's
+        utilisation = round6(busy, float(sim_ns))
+    else:
+        utilisation = [round(b / sim_ns, 6) for b in busy]
+    return TableColumns(LINK_COLUMNS, [
+        list(range(n)), list(topo.link_name[:n]), list(map(topo.tier_names.__getitem__, topo.link_tier[:n])),
+        direction, list(topo.link_node[:n]), src, dst, [round(bw, 6) for bw in topo.link_bw[:n]],
+        nbytes, messages, busy, utilisation, max_wait,
+    ])  # fmt: skip
 
 
 def pipeline_stage(rank: int, world_size: int, config) -> int:
@@ -179,6 +215,9 @@ def csv_plain(texts) -> bool:
 
 
 _OPTIONAL = ("message_bytes", "link_bytes")
+# the columns that _timeline_arrays gives as arrays alone: their lists (0.2 million ints and floats
+# each in the reference run, about 25 MiB in all) are built only if something reads them
+_ARRAY_ONLY = ("bucket", "start_s", "end_s", "message_bytes", "link_bytes")
 
 
 @dataclass
@@ -203,7 +242,19 @@ class TimelineColumns:
     _texts: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:  # the number of rows: no rows, no counters in the trace
+        if "bucket" not in self.__dict__:
+            return len(self._texts[("array", "bucket")])
         return len(self.bucket)
+
+    def __getattr__(self, name: str):
+        """A column given only as its array (:func:`_timeline_arrays`: the writers read the arrays),
+        as its list, built on first read."""
+        arrays = self.__dict__.get("_texts", {})
+        if name in _ARRAY_ONLY and ("array", name) in arrays:
+            values = arrays[("array", name)].tolist()
+            setattr(self, name, values)
+            return values
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> TimelineColumns:
@@ -521,11 +572,11 @@ def _timeline_arrays(result: RunResult, topo, cap: list[float]) -> TimelineColum
     offset = bucket - first
     start, end = seconds[offset], seconds[offset + 1]
     message, link = np.concatenate(messages), np.concatenate(carried)
-    out = TimelineColumns(names, bucket.tolist(), start.tolist(), end.tolist(), message.tolist(), link.tolist(),
-                          utilisation, seconds=(first, values))  # fmt: skip
+    out = TimelineColumns(names, [], [], [], [], [], utilisation, seconds=(first, values))
     for column, array in (("bucket", bucket), ("start_s", start), ("end_s", end), ("message_bytes", message),
                           ("link_bytes", link)):  # fmt: skip
         out._texts[("array", column)] = array
+        del out.__dict__[column]  # its list built when read (TimelineColumns.__getattr__)
     return out
 
 

@@ -144,9 +144,49 @@ class RowText:
     def format_array(self, values: np.ndarray, kinds: np.ndarray, texts: list[str]) -> np.ndarray:
         """:meth:`format`'s bytes as a uint8 array (a binary file writes it without a copy); the
         kinds are int8 (a byte per cell: the reference run's timeline has 1.5 million cells)."""
+        if not len(values):
+            return self.format_encoded(values, kinds, *_blob([]))
+        return self.format_encoded(values, kinds, *_blob(texts))
+
+    def format_encoded(self, values: np.ndarray, kinds: np.ndarray, blob: np.ndarray,
+                       offsets: np.ndarray) -> np.ndarray:  # fmt: skip
+        """:meth:`format_array` with the texts already encoded: text ``i`` is
+        ``blob[offsets[i]:offsets[i + 1]]`` (a writer that keeps many texts from call to call, the
+        trace's operation names, encodes each once: :class:`TextBlob`)."""
         assert values.shape == kinds.shape and values.shape[1:] == (self.columns,), (values.shape, kinds.shape)
         assert values.dtype == np.int64 and kinds.dtype == np.int8, (values.dtype, kinds.dtype)
         if not len(values):
             return np.zeros(0, dtype=np.uint8)
-        blob, at = _blob(texts)
-        return _format(values, kinds, self._pieces[0], self._pieces[1], blob, at, *self._sep)
+        return _format(values, kinds, self._pieces[0], self._pieces[1], blob, offsets, *self._sep)
+
+
+class TextBlob:
+    """Texts encoded once and kept end to end, with a few texts of the call put before them
+    (:meth:`with_prefix`): text ``len(prefix) + i`` of the result is the blob's text ``i``."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._ends = [0]  # where each text ends in the blob (after the 0 where the first starts)
+        self._joined: tuple[bytes, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def append(self, text: str) -> int:
+        """Add ``text``; returns its number."""
+        data = text.encode()
+        self._parts.append(data)
+        self._ends.append(self._ends[-1] + len(data))
+        self._joined = None
+        return len(self._parts) - 1
+
+    def with_prefix(self, prefix: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The blob and offsets (as :func:`_blob` gives them) of ``prefix`` followed by the texts added."""
+        if self._joined is None:
+            self._joined = b"".join(self._parts), np.array(self._ends, dtype=np.int64)
+        head = [t.encode() for t in prefix]
+        at = np.zeros(len(head) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in head], out=at[1:])
+        data, offsets = self._joined
+        return (np.frombuffer(b"".join(head) + data or b"\0", dtype=np.uint8),
+                np.concatenate((at[:-1], offsets + at[-1])))  # fmt: skip

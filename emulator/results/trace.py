@@ -24,7 +24,7 @@ import numpy as np
 
 from emulator.engine.ops import KIND_NAMES
 from emulator.engine.result import RunResult
-from emulator.results.textrows import INT, TEXT, RowText, decimal_ok
+from emulator.results.textrows import INT, TEXT, RowText, TextBlob, decimal_ok
 from emulator.workloads.streams import is_bubble_stream
 
 NS_PER_US = 1000.0
@@ -109,11 +109,12 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
         heads = {s: f'"pid":{node},"tid":{tid},"ts":' for s, tid in tids.items()}
         timing = (stream_col, list(map(itemgetter(3), ops)), list(map(itemgetter(4), ops)))
         if last is not None and last[0] == timing:
-            tails, waits = last[1], last[2]
+            tails, waits, layout = last[1], last[2], last[3]
         else:
-            tails = waits = None
-        fast = _op_rows(ops, timing, heads, name_index) if joined else None
+            tails = waits = layout = None
+        fast = _op_rows(ops, timing, heads, name_index, layout) if joined else None
         if fast is not None:
+            fast, layout = fast
             yield fast
         else:
             if tails is None:
@@ -130,7 +131,7 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
                          for name, start, end in wait_slices(ops)]  # fmt: skip
             where = f'"pid":{node},"tid":{tids["compute"]},"ts":'
             yield [f"{pre}{where}{post}" for pre, post in waits]
-        last = (timing, tails, waits)
+        last = (timing, tails, waits, layout)
     if timeline:
         pid = topo.num_nodes  # after the nodes
         yield [_compact({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network"}}),
@@ -152,17 +153,17 @@ class _NameCat(dict):
 
 
 class _NameIndex(dict):
-    """(name, kind) -> the number of its ``{"name":...,"cat":...,`` in ``texts``, added on first use."""
+    """(name, kind) -> the number of its ``{"name":...,"cat":...,`` in ``texts`` (encoded once, for
+    every rank's rows), added on first use."""
 
     def __init__(self, cats: list[str]):
         super().__init__()
         self.cats = cats
-        self.texts: list[str] = []
+        self.texts = TextBlob()
 
     def __missing__(self, key: tuple) -> int:
         name, kind = key
-        self.texts.append(f'{{"name":{_quote(name)},"cat":{self.cats[kind]},')
-        index = self[key] = len(self.texts) - 1
+        index = self[key] = self.texts.append(f'{{"name":{_quote(name)},"cat":{self.cats[kind]},')
         return index
 
 
@@ -170,42 +171,51 @@ _PH_X, _PH_I = ',"ph":"X","dur":', ',"ph":"i","s":"t"'
 _OP_ROWS = RowText(["", "", "", "", "", "}"], ",")  # name and cat, pid tid, ts, ph (and "dur"), dur
 
 
-def _op_rows(ops: list[tuple], timing: tuple[list, list, list], heads: dict[str, str],
-             names: _NameIndex) -> np.ndarray | None:  # fmt: skip
+def _op_rows(ops: list[tuple], timing: tuple[list, list, list], heads: dict[str, str], names: _NameIndex,
+             layout: tuple | None = None) -> tuple[np.ndarray, tuple] | None:  # fmt: skip
     """A rank's operation events, joined by commas (ASCII bytes in a uint8 array), as the texts of
     :func:`_trace_chunks`: ``ts`` and ``dur`` are ``ns / 1000.0``, the double nearest to the decimal
     (written from the integer where :func:`emulator.results.textrows.decimal_ok`, else by ``repr``);
-    None where a start or end is not an int in 0..2**62."""
+    None where a start or end is not an int in 0..2**62. Also returns the rows' layout (every cell
+    but the names, and the texts of the cells written by ``repr``), which the next rank reuses as
+    ``layout`` when its streams, starts and ends are this rank's (a folded group's peers): only
+    its names and its heads' texts differ. The texts: the heads, the two phases' texts, the empty
+    text, the cells' texts, then the names."""
     from emulator.results.tables import int_array
 
-    starts, ends = int_array(timing[1]), int_array(timing[2])
-    if starts is None or ends is None or (len(starts) and (min(starts.min(), ends.min()) < 0
-                                                           or max(starts.max(), ends.max()) >= 2**62)):  # fmt: skip
-        return None
-    n = len(ops)
-    table = np.empty((n, 5), dtype=np.int64)
-    kinds = np.full((n, 5), TEXT, dtype=np.int8)
-    table[:, 0] = np.fromiter(map(names.__getitem__, map(itemgetter(1, 2), ops)), dtype=np.int64, count=n)
-    texts = names.texts + list(heads.values()) + [_PH_X, _PH_I, ""]
-    base = len(names.texts)
-    head_at = {stream: base + i for i, stream in enumerate(heads)}
-    ph_x = base + len(heads)
-    table[:, 1] = np.fromiter(map(head_at.__getitem__, timing[0]), dtype=np.int64, count=n)
-    span = ends > starts
-    table[:, 3] = np.where(span, ph_x, ph_x + 1)
-    table[:, 4] = np.where(span, ends - starts, ph_x + 2)  # an instant: no "dur" (the empty text)
-    for column, values, cells in ((2, timing[1], starts), (4, None, ends - starts)):
-        ok = decimal_ok(cells, 3) if values is not None else span & decimal_ok(cells, 3)
-        table[ok, column] = cells[ok]
-        kinds[ok, column] = 3
-        bad = np.flatnonzero(~ok & (span if values is None else True))
-        if len(bad):  # repr of the Python division, as the texts of the plain path
-            table[bad, column] = np.arange(len(texts), len(texts) + len(bad))
-            if values is not None:
-                texts.extend(repr(values[i] / NS_PER_US) for i in bad.tolist())
-            else:
-                texts.extend(repr((timing[2][i] - timing[1][i]) / NS_PER_US) for i in bad.tolist())
-    return _OP_ROWS.format_array(table, kinds, texts)
+    if layout is None:
+        starts, ends = int_array(timing[1]), int_array(timing[2])
+        if starts is None or ends is None or (len(starts) and (min(starts.min(), ends.min()) < 0
+                                                               or max(starts.max(), ends.max()) >= 2**62)):  # fmt: skip
+            return None
+        n = len(ops)
+        table = np.empty((n, 5), dtype=np.int64)
+        kinds = np.full((n, 5), TEXT, dtype=np.int8)
+        head_at = {stream: i for i, stream in enumerate(heads)}
+        ph_x = len(heads)
+        cells: list[str] = []
+        first = ph_x + 3  # the cells' texts follow the heads, the phases and the empty text
+        table[:, 1] = np.fromiter(map(head_at.__getitem__, timing[0]), dtype=np.int64, count=n)
+        span = ends > starts
+        table[:, 3] = np.where(span, ph_x, ph_x + 1)
+        table[:, 4] = np.where(span, ends - starts, ph_x + 2)  # an instant: no "dur" (the empty text)
+        for column, values, x in ((2, timing[1], starts), (4, None, ends - starts)):
+            ok = decimal_ok(x, 3) if values is not None else span & decimal_ok(x, 3)
+            table[ok, column] = x[ok]
+            kinds[ok, column] = 3
+            bad = np.flatnonzero(~ok & (span if values is None else True))
+            if len(bad):  # repr of the Python division, as the texts of the plain path
+                table[bad, column] = np.arange(first + len(cells), first + len(cells) + len(bad))
+                if values is not None:
+                    cells.extend(repr(values[i] / NS_PER_US) for i in bad.tolist())
+                else:
+                    cells.extend(repr((timing[2][i] - timing[1][i]) / NS_PER_US) for i in bad.tolist())
+        layout = (table, kinds, cells)
+    table, kinds, cells = layout  # the previous rank's: only the names are written over
+    prefix = [*heads.values(), _PH_X, _PH_I, "", *cells]
+    table[:, 0] = np.fromiter(map(names.__getitem__, map(itemgetter(1, 2), ops)), dtype=np.int64, count=len(ops))
+    table[:, 0] += len(prefix)
+    return _OP_ROWS.format_encoded(table, kinds, *names.texts.with_prefix(prefix)), layout
 
 
 def _counter_chunks(timeline, pid: int, joined: bool = False) -> Iterator[list[str]]:

@@ -78,3 +78,38 @@ def test_message_level_scale_up_algorithm_does_not_fold(algorithm):
     assert fold_factor(EngineSettings.from_run_config(config), Topology(config.cluster)) == 1
     plain = execute(load_run(RUNS / "megatron-22b-8gpu.yaml", [*sets, "engine.fold_tensor_groups=false"]))[0]
     assert execute(config)[0]["fingerprint"] == plain["fingerprint"]
+
+
+_NAME_PIECES = ["send(dst=", "recv(src=", "dst=", "src=", "adst=3", "group[", "]", ",", ",...", "{", "}", "{0}",
+                " ", "=", "0", "7", "16", "008", "64", "\u0663", "#2 on ", "group[0,8]", "group[0,8,...]",
+                "group[1,2]", "group[08,16]", "group[0,1,2,3,4,5,6,7]"]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replicated_traces_are_shift_name_of_every_entry(seed):
+    """replicate_traces (names parsed once for every offset, unshifted entries shared) gives each
+    offset's trace exactly as shift_name entry by entry: the same names, errors included."""
+    import random
+
+    from emulator.engine.folding import replicate_traces
+
+    rng = random.Random(seed)
+    for _ in range(3000):
+        names = ["".join(rng.choice(_NAME_PIECES) for _ in range(rng.randrange(0, 7))) for _ in range(4)]
+        fold = rng.choice([2, 4, 8])
+        trace = [(rng.choice(["compute", "comm"]), rng.choice(names), rng.randrange(5), t, t + rng.randrange(3))
+                 for t in range(rng.randrange(0, 12))]  # fmt: skip
+        if rng.random() < 0.1:
+            trace.append(("compute", rng.choice(names), 0, 1, 2, "extra"))  # entries of another length
+        offsets = sorted(rng.sample(range(fold), rng.randrange(1, fold + 1)))
+        try:
+            want = [[(s, shift_name(n, j, fold), *rest) for s, n, *rest in trace] for j in offsets]
+        except ValueError:  # "group[1,,2]": shift_name cannot read it, nor can replicate_traces
+            with pytest.raises(ValueError):
+                replicate_traces(trace, offsets, fold)
+            continue
+        got = replicate_traces(trace, offsets, fold)
+        assert got == want, (names, fold, offsets)
+        assert all(type(op) is tuple for replica in got for op in replica)
+        if 0 in offsets:
+            assert got[offsets.index(0)] is trace  # the representative's own list, as before

@@ -69,3 +69,30 @@ def test_decimal_ok_is_the_range_where_repr_is_the_decimal():
             if ok:
                 whole, frac = divmod(k, 10**d)
                 assert text == f"{whole}.{str(frac).rjust(d, '0').rstrip('0') or '0'}"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_texts_encoded_once_give_the_rows_of_the_texts_given_each_time(seed):
+    """format_encoded with a TextBlob (texts kept from call to call, a prefix of the call's own
+    texts before them) writes what format_array writes from the whole list of texts."""
+    from emulator.results.textrows import TextBlob
+
+    rng = random.Random(seed)
+    words = ["", "a", "é", "{\"name\":\"x\",", "gpu 7", "\u2603" * 3, ",", "wait comm"]
+    kept, added = TextBlob(), []
+    rows = RowText(["[", "|", "]"], ";")
+    for _ in range(30):
+        for _ in range(rng.randrange(0, 4)):
+            added.append(rng.choice(words) + str(rng.randrange(100)))
+            assert kept.append(added[-1]) == len(added) - 1
+        prefix = [rng.choice(words) for _ in range(rng.randrange(0, 4))]
+        texts = prefix + added
+        n = rng.randrange(0, 6)
+        kinds = np.array([[rng.choice([TEXT, INT, 3]) for _ in range(2)] for _ in range(n)],
+                         dtype=np.int8).reshape(n, 2)  # fmt: skip
+        values = np.array([[rng.randrange(len(texts)) if k == TEXT else rng.randrange(10**6) for k in row]
+                           for row in kinds.tolist()], dtype=np.int64).reshape(n, 2)  # fmt: skip
+        if not texts:
+            kinds[kinds == TEXT] = INT
+        got = rows.format_encoded(values, kinds, *kept.with_prefix(prefix)).tobytes()
+        assert got == rows.format(values, kinds, texts)

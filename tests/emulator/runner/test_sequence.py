@@ -139,3 +139,24 @@ def test_one_topology_per_run_and_no_import_circle(tmp_path, monkeypatch):
     assert built.count(256) == 1
     code = "import sys, emulator.results.rundir, emulator.reports.run_report; print('emulator.run' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+@pytest.mark.parametrize("stop", [None, "KeyboardInterrupt"])
+def test_the_collector_is_left_as_it_was(tmp_path, capsys, stop):
+    """run_job keeps the collector aside during the run and the writing (emulator/runner/sequence.py),
+    and gives it back as it found it, after a completed run and after one that stopped; the command
+    line called with its words (as here, or from a script) freezes nothing when it ends."""
+    import gc
+
+    before = gc.get_threshold(), gc.isenabled(), gc.get_freeze_count()
+    run = _run_file(tmp_path, stop or "None")
+    if stop is None:
+        (tmp_path / "stops.py").write_text("STOP = None\n" + PROGRAM.replace("raise STOP", "pass"))
+        run_job(load_run(run), out=tmp_path / "job")
+        assert (tmp_path / "job" / "trace.json").is_file()
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            run_job(load_run(run), out=tmp_path / "job")
+    assert (gc.get_threshold(), gc.isenabled(), gc.get_freeze_count()) == before
+    assert main(["run", str(run), "--quiet", "--metrics-grace-s", "0", "--out", str(tmp_path / "cli")]) in (0, 130)
+    assert (gc.get_threshold(), gc.isenabled(), gc.get_freeze_count()) == before
