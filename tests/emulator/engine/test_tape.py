@@ -23,6 +23,7 @@ from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
 from tests.conftest import CONFIGS
+from tests.emulator.engine.test_opcore_fuzz import run_dir
 
 BASES = ["megatron-175b-64gpu", "gpt3-175b-1024gpu", "megatron-1t-3072gpu"]
 AXES = [
@@ -289,3 +290,19 @@ def test_a_slow_nic_window(shards, taped, monkeypatch):
     on = _run("megatron-175b-64gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch, shards)
+
+
+@pytest.mark.slow
+def test_traced_middle_ranks_beside_tapes(tmp_path, taped, monkeypatch):
+    """Ranks 16-23 and 40 traced (their programs launch every step: a traced rank takes no tape)
+    beside untraced middle stages' tapes, on 3 shards: every file of the run directory (trace.json
+    included) equal both ways, wall-clock figures aside."""
+    path = CONFIGS / "runs" / "megatron-175b-64gpu.yaml"
+    args = ["training.global_batch_size=16", "engine.max_ops_ahead=3"]
+    dirs = {}
+    for tape in (True, False):
+        monkeypatch.setenv("EMULATOR_TAPE", "1" if tape else "0")
+        dirs[tape] = run_dir(path, args, "compiled", tmp_path / str(tape), 3, "16-23,40")
+        assert tape or taped[0] > 0
+    assert dirs[True][0] is None and "trace.json" in dirs[True][1]
+    assert dirs[True] == dirs[False]
