@@ -76,7 +76,13 @@ def install(files: tuple[str, ...]) -> bool:
     numba has no locator list to extend (each file then keeps its own stamp)."""
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     classes = getattr(impl, "_locator_classes", None)
-    if not isinstance(classes, list):
+    # numba's order: a user-given cache directory first, then __pycache__, then the user's cache
+    bases = [getattr(caching, name) for name in
+             ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
+             if hasattr(caching, name)]  # fmt: skip
+    if not isinstance(classes, list) or not bases:
+        # (a numba whose locators have other names, as older ones with a leading underscore: the
+        # warning, not a silent per-file stamp)
         warnings.warn("numba has no cache locator list: a kernel's cache is not refreshed when a module it "
                       "reads changes (clear __pycache__ after editing the kernels)", stacklevel=2)  # fmt: skip
         return False
@@ -84,11 +90,7 @@ def install(files: tuple[str, ...]) -> bool:
     for path in group:
         _groups[path] = group
     if not any(getattr(c, "__name__", "").startswith("Grouped") for c in classes):
-        # numba's order: a user-given cache directory first, then __pycache__, then the user's cache
-        ours = [_stamped(getattr(caching, name)) for name in
-                ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
-                if hasattr(caching, name)]  # fmt: skip
-        classes[:0] = ours
+        classes[:0] = [_stamped(base) for base in bases]
     return True
 
 

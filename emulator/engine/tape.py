@@ -23,7 +23,10 @@ the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a blo
 not take, a traced rank), the program runs them itself, as without a tape.
 
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself):
-tests/emulator/engine/test_tape.py compares whole runs both ways, bit for bit.
+tests/emulator/engine/test_tape.py compares whole runs both ways, bit for bit. Each shard reads its
+own process's environment: Ray actors see the driver's only where the driver started the Ray
+instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
+compares with ``engine.op_engine=python``, which takes no tapes, instead).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from numba.core import caching
+
 from emulator.engine import kernel_cache
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,3 +94,21 @@ def test_an_edit_of_a_callee_recompiles_its_caller(tmp_path):
     assert value == "11" and "data loaded" in log, log  # unchanged: both kernels from the cache
     callee.write_text(callee.read_text().replace("return 1", "return 2").replace("K = 10", "K = 20"))
     assert run()[0] == "22"
+    # NUMBA_CACHE_DIR honoured: the grouped locators keep numba's order (a user-given directory first)
+    assert list((tmp_path / "cache").rglob("*.nbi")) and not list(tmp_path.glob("__pycache__/*.nb*"))
+
+
+@pytest.mark.parametrize("numba_has", ["a locator tuple", "no locator of the known names"])
+def test_a_numba_without_the_locator_list_only_warns(numba_has, monkeypatch):
+    """install leaves numba's locators as they are and warns (each file keeps numba's own stamp)."""
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    before = list(impl._locator_classes)
+    if numba_has == "a locator tuple":
+        monkeypatch.setattr(impl, "_locator_classes", tuple(before))
+    else:
+        for name in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator"):
+            monkeypatch.delattr(caching, name)
+    with pytest.warns(UserWarning, match="no cache locator list"):
+        assert kernel_cache.install(("never_a_kernel_file.py",)) is False
+    assert list(impl._locator_classes) == before
+    assert os.path.realpath("never_a_kernel_file.py") not in kernel_cache._groups

@@ -17,11 +17,13 @@ import pytest
 
 from emulator.config.loader import load_run
 from emulator.engine import api as engine_api
+from emulator.engine import opcore as engine_opcore
 from emulator.engine import shard as engine_shard
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
 from tests.conftest import CONFIGS
+from tests.emulator.engine.test_opcore_fuzz import run_dir
 
 BASES = ["megatron-175b-64gpu", "gpt3-175b-1024gpu", "megatron-1t-3072gpu"]
 AXES = [
@@ -177,3 +179,130 @@ def test_named_cases(extra, taped, monkeypatch):
     assert taped[0] > 0
     assert on[0] != "OutOfMemoryError", on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+
+
+# -- issue 24 review: errors raised inside a tape, and shapes the cases above do not draw ----------------
+
+# stage 1 of 8 holds 20 of the 96 layers: its weights and activations fill its GPU first, so the first
+# out-of-memory is a middle stage's - in a block a tape launched (the first and last stages' are the program's)
+HEAVY_STAGE1 = ["parallel.virtual_stages=1", "parallel.pipeline_layers=[4,20,12,12,12,12,12,12]",
+                "training.global_batch_size=32"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "allocating"),
+    [
+        # a forward block's first row, the microbatch's activations (GPipe: they pile up)
+        (["parallel.schedule=gpipe", "training.micro_batch_size=2"], "stage1.activations.mb1.chunk0"),
+        (
+            ["parallel.schedule=1f1b", "training.micro_batch_size=4", "engine.max_ops_ahead=2"],
+            "stage1.activations.mb0.chunk0",
+        ),
+        # a backward block's rebuilt layer (full recomputation) with every microbatch's activations live
+        (
+            ["parallel.schedule=gpipe", "training.recompute=full", "training.micro_batch_size=2"],
+            "stage1.recomputed_layer",
+        ),
+    ],
+)
+def test_out_of_memory_inside_a_tape_fails_alike(extra, allocating, taped, monkeypatch):
+    """The same OutOfMemoryError line (the allocation, the use, the largest live allocations: the
+    rank's live set as _out_of_memory rebuilds it from the block's rows) from a tape's block as from
+    the program's launch; the error is raised while the rank's tape runs."""
+    inside = []
+    out_of_memory = engine_opcore.OpCore._out_of_memory
+
+    def recording(self, gpu, t):
+        inside.append(gpu.rank in self.shard.tapes)
+        return out_of_memory(self, gpu, t)
+
+    monkeypatch.setattr(engine_opcore.OpCore, "_out_of_memory", recording)
+    args = [*HEAVY_STAGE1, *extra]
+    on = _run("megatron-175b-64gpu", args, True, monkeypatch)
+    assert on[0] == "OutOfMemoryError" and "on rank 8 at" in on[1] and f"allocating {allocating} (" in on[1], on
+    assert inside == [True], inside
+    assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "extra", [["parallel.virtual_stages=1"], ["parallel.virtual_stages=2", "engine.max_ops_ahead=2"]]
+)
+def test_a_receive_with_the_wrong_tag_deadlocks_alike(extra, taped, monkeypatch):
+    """Rank 16's pipeline receives (a middle stage: from its tape) wait for a tag nobody sends: the
+    same DeadlockError line (the ranks, their times, their pending operations) both ways."""
+    prepare = engine_api.GPU.prepare_p2p
+
+    def wrong_tag(self, kind, peer, size_bytes, tag=0):
+        return prepare(self, kind, peer, size_bytes, tag + 7 if kind == "recv" and self.rank == 16 else tag)
+
+    monkeypatch.setattr(engine_api.GPU, "prepare_p2p", wrong_tag)
+    args = ["training.global_batch_size=16", *extra]
+    on = _run("megatron-175b-64gpu", args, True, monkeypatch)
+    assert taped[0] > 0
+    assert on[0] == "DeadlockError" and "recv(src=8, tag=7," in on[1], on
+    assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+
+
+SMALL_PIPELINE = ["training.global_batch_size=32", "training.micro_batch_size=1", "parallel.tensor=4",
+                  "parallel.data=null"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # data parallel 4 with its gradient buckets reduced after the backward (late_buckets), 2 iterations
+        [
+            "parallel.pipeline=4",
+            "parallel.virtual_stages=2",
+            "training.iterations=2",
+            "parallel.overlap_grad_reduce=false",
+            "engine.max_ops_ahead=3",
+        ],
+        # overlapped buckets and ZeRO-1's overlapped weight gathers in the next iteration's forward
+        pytest.param(
+            [
+                "parallel.pipeline=4",
+                "training.iterations=2",
+                "parallel.overlap_grad_reduce=true",
+                "parallel.zero_stage=1",
+            ],
+            marks=pytest.mark.slow,
+        ),
+        # the smallest pipeline with virtual stages, the smallest max_ops_ahead, tapes across 3 iterations
+        pytest.param(
+            ["parallel.pipeline=2", "parallel.virtual_stages=2", "training.iterations=3", "engine.max_ops_ahead=2"],
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_data_parallel_pipelines(extra, taped, monkeypatch):
+    on = _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], True, monkeypatch)
+    assert taped[0] > 0
+    assert on == _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], False, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_slow_nic_window(shards, taped, monkeypatch):
+    """A NIC on the pipeline's path slowed for the bytes it carries in [0.05 s, 0.2 s), programs 2 ops ahead."""
+    args = ["training.global_batch_size=16", "engine.max_ops_ahead=2",
+            "faults.slow_link=[{nic: {node: 2, index: 0}, factor: 0.1, start_s: 0.05, end_s: 0.2}]"]  # fmt: skip
+    on = _run("megatron-175b-64gpu", args, True, monkeypatch, shards)
+    assert taped[0] > 0
+    assert on == _run("megatron-175b-64gpu", args, False, monkeypatch, shards)
+
+
+@pytest.mark.slow
+def test_traced_middle_ranks_beside_tapes(tmp_path, taped, monkeypatch):
+    """Ranks 16-23 and 40 traced (their programs launch every step: a traced rank takes no tape)
+    beside untraced middle stages' tapes, on 3 shards: every file of the run directory (trace.json
+    included) equal both ways, wall-clock figures aside."""
+    path = CONFIGS / "runs" / "megatron-175b-64gpu.yaml"
+    args = ["training.global_batch_size=16", "engine.max_ops_ahead=3"]
+    dirs = {}
+    for tape in (True, False):
+        monkeypatch.setenv("EMULATOR_TAPE", "1" if tape else "0")
+        dirs[tape] = run_dir(path, args, "compiled", tmp_path / str(tape), 3, "16-23,40")
+        assert tape or taped[0] > 0
+    assert dirs[True][0] is None and "trace.json" in dirs[True][1]
+    assert dirs[True] == dirs[False]
