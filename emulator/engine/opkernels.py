@@ -91,6 +91,48 @@ H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
 
+@intrinsic
+def _prefetch(typingctx, address):
+    """A hint that the line at ``address`` will be read soon (llvm.prefetch: never faults, changes
+    nothing but the caches)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
+        )
+        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
+        # (read, high locality, data cache)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(address), codegen
+
+
+@intrinsic
+def _prefetch_w(typingctx, address):
+    """A hint that the line at ``address`` will be written soon (as _prefetch)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
+        )
+        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
+        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(address), codegen
+
+
+@njit(cache=True, inline="always")
+def _prefetch_row(ops, op):
+    """Both lines of op ``op``'s row (O_FIELDS int64: two 64-byte lines, OpCore aligns the table)."""
+    at = ops.ctypes.data + op * (O_FIELDS * 8)
+    _prefetch(at)
+    _prefetch(at + 64)
+
+
 @njit(cache=True, inline="always")
 def _push(heap, g, t, rank, seq, op):
     """Push the event ``(t, EV_OP_DONE, rank, rank, seq)``: the row ``(t, rank << SEQ_BITS | seq, op)``,
@@ -140,7 +182,11 @@ def _new_op(rs, ops, g, ri, kind, value):
     ring = g[G_RING]
     n = rs[ri, R_RING]
     rs[ri, R_RING] = n + 1
-    op = ri * ring + n % ring
+    # (OpCore sizes the ring as a power of two: a mask, not a division)
+    op = ri * ring + ((n & (ring - 1)) if ring & (ring - 1) == 0 else n % ring)
+    # the rank's next slots, written by the next launches: a ring ago, out of the caches by now
+    _prefetch_w(ops.ctypes.data + (op + 2) * (O_FIELDS * 8))
+    _prefetch_w(ops.ctypes.data + (op + 2) * (O_FIELDS * 8) + 64)
     if n >= ring and ops[op, O_STATE] != S_DONE:
         g[G_ERR] = 1  # the ring is too short for the ops in flight (an engine bug)
     ops[op, O_KIND] = kind
@@ -184,7 +230,7 @@ def _forget(rs, ri, op):
             rs[ri, R_WAIT0 + k] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _timeline(tl, ovf, g, size, count, t, t_end):
     """ShardStats.timeline_add on tier 0 (the same integer shares; tests/emulator/engine/
     test_opcore.py holds the two equal); slots past the array go to the overflow rows, which the
@@ -565,30 +611,17 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
     return ST_LIMIT
 
 
-@intrinsic
-def _prefetch(typingctx, address):
-    """A hint that the line at ``address`` will be read soon (llvm.prefetch: never faults, changes
-    nothing but the caches)."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
-        )
-        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
-        # (read, high locality, data cache)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(address), codegen
-
-
 @njit(cache=True, inline="always")
-def _prefetch_row(ops, op):
-    """Both lines of op ``op``'s row (O_FIELDS int64: two 64-byte lines, OpCore aligns the table)."""
-    at = ops.ctypes.data + op * (O_FIELDS * 8)
-    _prefetch(at)
-    _prefetch(at + 64)
+def _ahead(ops, of, op):
+    """Ask for what the completion of ``op`` (the next event's) reads: its row, its FLOPs, the
+    stream's next op and its dependents (their rows; ``op``'s row was asked for an event earlier)."""
+    _prefetch_row(ops, op)
+    _prefetch(of.ctypes.data + op * 8)
+    nxt = ops[op, O_NEXT]
+    if nxt >= 0:
+        _prefetch_row(ops, nxt)
+    for k in range(ops[op, O_NDEP]):
+        _prefetch(ops.ctypes.data + ops[op, O_DEP0 + k] * (O_FIELDS * 8))
 
 
 @njit(cache=True)
@@ -598,9 +631,9 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
 
     The op table is larger than the caches (every rank's ops in flight: 25 MiB for the reference
     run), and an event's rows were last touched when the op was launched or started, long before:
-    waiting for them was most of an event's time. So each event asks for the rows the next one
-    reads (the heap's next top, its FLOPs) and, once its own row is there, for the rows its
-    completion goes on to (the stream's next op, the dependents) before the heap's sift."""
+    waiting for them was most of an event's time. So each event asks for what the next one reads
+    (the heap's top after the pop: its row, and from it the stream's next op and the dependents,
+    _ahead) and for the rows of the one after (one of the top's two children: both)."""
     rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
     while g[G_HEAPN] > 0:
         t = heap[0, 0]
@@ -617,16 +650,15 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
                 if rank > lr or (rank == lr and (rank > lo or (rank == lo and seq > ls))):
                     break
         op = heap[0, 2]
-        nxt = ops[op, O_NEXT]
-        if nxt >= 0:
-            _prefetch(ops.ctypes.data + nxt * (O_FIELDS * 8))
-        for k in range(ops[op, O_NDEP]):
-            _prefetch(ops.ctypes.data + ops[op, O_DEP0 + k] * (O_FIELDS * 8))
         _pop(heap, g)
-        if g[G_HEAPN] > 0:
-            top = heap[0, 2]
-            _prefetch_row(ops, top)
-            _prefetch(of.ctypes.data + top * 8)
+        n = g[G_HEAPN]
+        if n > 0:
+            _ahead(ops, of, heap[0, 2])
+            # the next event after that is one of the top's children now (or one pushed later)
+            if n > 1:
+                _prefetch_row(ops, heap[1, 2])
+            if n > 2:
+                _prefetch_row(ops, heap[2, 2])
         g[G_EVENTS] += 1
         status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
         if g[G_ERR]:
