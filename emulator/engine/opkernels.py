@@ -266,7 +266,18 @@ def _timeline(tl, ovf, g, size, count, t, t_end):
 @njit(cache=True)
 def _start_at(P, ri, op, t):
     """Shard._try_start for a head op whose dependencies are done (compute, or closed form)."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    pl = _i2(P, A_PL, P_FIELDS)
+    plk = _i1(P, A_PLK)
+    free = _i1(P, A_FREE)
+    qn = _i1(P, A_QN)
+    qm = _i1(P, A_QM)
+    tl = carray(_void_ptr(P[A_TL]), P[A_NTL], np.int64)
+    ovf = carray(_void_ptr(P[A_OVF]), (P[A_NOVF], 4), np.int64)
+    heap = _i2(P, A_HEAP, 3)
+    g = _i1(P, A_G)
+    gr = _i2(P, A_GR, GR_FIELDS)
     ops[op, O_STATE] = S_STARTED
     ops[op, O_TSTART] = t
     if ops[op, O_KIND] == K_C:
@@ -342,7 +353,8 @@ def _try_c(P, ri, t):
     """Shard._try_start on the rank's compute stream (its block ops): a compute op starts, instant
     ops (alloc, free) run and complete at ``t`` and the loop goes on with the next; returns ST_LIMIT,
     or an instant op's ST_IRESUME, ST_IBLOCK or ST_OOM (Python's turn: OpCore.instant_stop)."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
     while True:
         op = rs[ri, R_CHEAD]
         if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
@@ -367,7 +379,9 @@ def _try_c(P, ri, t):
 def _instant(P, ri, op, t):
     """Shard._instant then Shard._complete(start_next=False) for an alloc or free at the head of
     the compute stream; ST_LIMIT when the stream's loop goes on."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
     ops[op, O_STATE] = S_DONE
     _forget(rs, ri, op)
     ops[op, O_TSTART] = t
@@ -431,9 +445,12 @@ def _try_t(P, rs, ops, ri, t):
 @njit(cache=True)
 def _start_block(P, ri, t):
     """The block's proxy started (its dependencies are done): its first compute op starts."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
     op = rs[ri, R_CHEAD]
-    ops[op, O_GATE] = 0
+    if op >= 0:  # (always: the block's first op; a view has no rows to wrap a -1 around)
+        ops[op, O_GATE] = 0
     g[G_STATUS] = _try_c(P, ri, t)
 
 
@@ -441,7 +458,13 @@ def _start_block(P, ri, t):
 def _begin_block(P, ri, b):
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    ti = _i2(P, A_TI, 3)
+    tf = _f1(P, A_TF)
+    tp = _i2(P, A_TP, 2)
+    g = _i1(P, A_G)
     row = tp[b, 0]
     code = ti[row, 0]
     op = _new_op(rs, ops, g, ri, K_C if code == I_C else (K_A if code == I_A else K_F), ti[row, 1])
@@ -480,7 +503,13 @@ def _queue_c(rs, ops, ri, op):
 def _launch_rest(P, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
     does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    ti = _i2(P, A_TI, 3)
+    tf = _f1(P, A_TF)
+    tp = _i2(P, A_TP, 2)
+    g = _i1(P, A_G)
     b = rs[ri, R_BT]
     row0, n = tp[b, 0], tp[b, 1]
     max_ahead = g[G_MAXAHEAD]
@@ -634,7 +663,12 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
     waiting for them was most of an event's time. So each event asks for what the next one reads
     (the heap's top after the pop: its row, and from it the stream's next op and the dependents,
     _ahead) and for the rows of the one after (one of the top's two children: both)."""
-    rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr = _state(P)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    rf = _f1(P, A_RF)
+    heap = _i2(P, A_HEAP, 3)
+    g = _i1(P, A_G)
     while g[G_HEAPN] > 0:
         t = heap[0, 0]
         if t >= horizon:
@@ -684,12 +718,13 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
 # to update; the buffers stay alive in OpCore for the whole call (replaced only between calls, when
 # grown) and are C-contiguous (numpy.zeros).
 #
-# The helpers that are not inlined (_start, _try_c, _instant, ...: inlining them costs compile
+# The helpers that are not inlined (_start_at, _try_c, _instant, ...: inlining them costs compile
 # time) take the arrays' addresses, a tuple of ints (A_*: _table), and make the views they use
-# themselves: a call passing fifteen arrays copied seven words and a reference count call (a no-op
-# on a view, but a call) per array, a third of an event's time once its rows were prefetched
-# (_run). A view's rows are not kept (numba checks no bounds, and every index here is from 0: the
-# strides of a C-contiguous array depend on its columns only), except the two the kernels read.
+# themselves, those only (a view still costs a reference-count call, a no-op on a view, but a
+# call): a call passing fifteen arrays copied seven words and made such a call per array, a third
+# of an event's time once its rows were prefetched (_run_at). A view's rows are not kept (numba
+# checks no bounds, and every index here is from 0: the strides of a C-contiguous array depend on
+# its columns only), except the two the kernels read.
 (A_RS, A_OPS, A_OF, A_RF, A_TI, A_TF, A_TP, A_PL, A_PLK, A_FREE, A_QN, A_QM, A_TL, A_OVF, A_HEAP, A_G, A_GR,
  A_NTL, A_NOVF) = range(19)  # fmt: skip
 _ROWS = 1 << 40  # a view's rows where they are not kept
@@ -725,17 +760,6 @@ def _i1(P, a):
 @njit(cache=True, inline="always")
 def _f1(P, a):
     return carray(_void_ptr(P[a]), _ROWS, np.float64)
-
-
-@njit(cache=True, inline="always")
-def _state(P):
-    """Every array of the kernels as a view, from the table (inlined: the views a helper does not use
-    cost nothing)."""
-    return (_i2(P, A_RS, R_FIELDS), _i2(P, A_OPS, O_FIELDS), _f1(P, A_OF), _f1(P, A_RF), _i2(P, A_TI, 3),
-            _f1(P, A_TF), _i2(P, A_TP, 2), _i2(P, A_PL, P_FIELDS), _i1(P, A_PLK), _i1(P, A_FREE), _i1(P, A_QN),
-            _i1(P, A_QM), carray(_void_ptr(P[A_TL]), P[A_NTL], np.int64),
-            carray(_void_ptr(P[A_OVF]), (P[A_NOVF], 4), np.int64), _i2(P, A_HEAP, 3), _i1(P, A_G),
-            _i2(P, A_GR, GR_FIELDS))  # fmt: skip
 
 
 @njit(cache=True, inline="always")
