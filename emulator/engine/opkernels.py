@@ -22,6 +22,8 @@ in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with thei
 
 from __future__ import annotations
 
+import numpy as np
+from llvmlite import ir
 from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -91,6 +93,48 @@ H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
 
 
+@intrinsic
+def _prefetch(typingctx, address):
+    """A hint that the line at ``address`` will be read soon (llvm.prefetch: never faults, changes
+    nothing but the caches)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
+        )
+        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
+        # (read, high locality, data cache)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(address), codegen
+
+
+@intrinsic
+def _prefetch_w(typingctx, address):
+    """A hint that the line at ``address`` will be written soon (as _prefetch)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
+        )
+        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
+        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(address), codegen
+
+
+@njit(cache=True, inline="always")
+def _prefetch_row(ops, op):
+    """Both lines of op ``op``'s row (O_FIELDS int64: two 64-byte lines, OpCore aligns the table)."""
+    at = ops.ctypes.data + op * (O_FIELDS * 8)
+    _prefetch(at)
+    _prefetch(at + 64)
+
+
 @njit(cache=True, inline="always")
 def _push(heap, g, t, rank, seq, op):
     """Push the event ``(t, EV_OP_DONE, rank, rank, seq)``: the row ``(t, rank << SEQ_BITS | seq, op)``,
@@ -140,7 +184,11 @@ def _new_op(rs, ops, g, ri, kind, value):
     ring = g[G_RING]
     n = rs[ri, R_RING]
     rs[ri, R_RING] = n + 1
-    op = ri * ring + n % ring
+    # (OpCore sizes the ring as a power of two: a mask, not a division)
+    op = ri * ring + ((n & (ring - 1)) if ring & (ring - 1) == 0 else n % ring)
+    # the rank's next slots, written by the next launches: a ring ago, out of the caches by now
+    _prefetch_w(ops.ctypes.data + (op + 2) * (O_FIELDS * 8))
+    _prefetch_w(ops.ctypes.data + (op + 2) * (O_FIELDS * 8) + 64)
     if n >= ring and ops[op, O_STATE] != S_DONE:
         g[G_ERR] = 1  # the ring is too short for the ops in flight (an engine bug)
     ops[op, O_KIND] = kind
@@ -184,7 +232,7 @@ def _forget(rs, ri, op):
             rs[ri, R_WAIT0 + k] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _timeline(tl, ovf, g, size, count, t, t_end):
     """ShardStats.timeline_add on tier 0 (the same integer shares; tests/emulator/engine/
     test_opcore.py holds the two equal); slots past the array go to the overflow rows, which the
@@ -218,8 +266,20 @@ def _timeline(tl, ovf, g, size, count, t, t_end):
 
 
 @njit(cache=True)
-def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
+def _start_at(P, ri, op, t):
     """Shard._try_start for a head op whose dependencies are done (compute, or closed form)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    pl = _i2(P, A_PL, P_FIELDS)
+    plk = _i1(P, A_PLK)
+    free = _i1(P, A_FREE)
+    qn = _i1(P, A_QN)
+    qm = _i1(P, A_QM)
+    tl = carray(_void_ptr(P[A_TL]), P[A_NTL], np.int64)
+    ovf = carray(_void_ptr(P[A_OVF]), (P[A_NOVF], 4), np.int64)
+    heap = _i2(P, A_HEAP, 3)
+    g = _i1(P, A_G)
+    gr = _i2(P, A_GR, GR_FIELDS)
     ops[op, O_STATE] = S_STARTED
     ops[op, O_TSTART] = t
     if ops[op, O_KIND] == K_C:
@@ -284,10 +344,19 @@ def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
 
 
 @njit(cache=True)
-def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
+def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
+    """_start_at over arrays (tests/emulator/engine/test_opcore_fuzz.py calls the rule this way)."""
+    # (no template is read: ti, tf, tp and rf stand in by arrays never indexed)
+    _start_at(_table(rs, ops, of, of, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), ri, op, t)
+
+
+@njit(cache=True)
+def _try_c(P, ri, t):
     """Shard._try_start on the rank's compute stream (its block ops): a compute op starts, instant
     ops (alloc, free) run and complete at ``t`` and the loop goes on with the next; returns ST_LIMIT,
     or an instant op's ST_IRESUME, ST_IBLOCK or ST_OOM (Python's turn: OpCore.instant_stop)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
     while True:
         op = rs[ri, R_CHEAD]
         if op < 0 or ops[op, O_STATE] != S_LAUNCHED or ops[op, O_GATE]:
@@ -301,17 +370,20 @@ def _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
             rs[ri, R_WCT_HIT] = 1
             rs[ri, R_CBLK] = -1
         if ops[op, O_KIND] == K_C:
-            _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+            _start_at(P, ri, op, t)
             return ST_LIMIT
-        status = _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+        status = _instant(P, ri, op, t)
         if status != ST_LIMIT:
             return status
 
 
 @njit(cache=True)
-def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
+def _instant(P, ri, op, t):
     """Shard._instant then Shard._complete(start_next=False) for an alloc or free at the head of
     the compute stream; ST_LIMIT when the stream's loop goes on."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
     ops[op, O_STATE] = S_DONE
     _forget(rs, ri, op)
     ops[op, O_TSTART] = t
@@ -346,7 +418,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
         dep = ops[op, O_DEP0 + k]
         ops[dep, O_DEPS] -= 1
         if ops[dep, O_DEPS] == 0 and rs[ri, R_THEAD] == dep:
-            _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+            _try_t(P, rs, ops, ri, t)
     ops[op, O_NDEP] = 0
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
         g[G_RET_RI] = ri
@@ -356,7 +428,7 @@ def _instant(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t
 
 
 @njit(cache=True, inline="always")
-def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
+def _try_t(P, rs, ops, ri, t):
     """Shard._try_start on the rank's tensor stream."""
     op = rs[ri, R_THEAD]
     if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
@@ -369,21 +441,32 @@ def _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
         rs[ri, R_WTC] += t - rs[ri, R_TBLK]  # blocked by the compute stream
         rs[ri, R_WTC_HIT] = 1
         rs[ri, R_TBLK] = -1
-    _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t)
+    _start_at(P, ri, op, t)
 
 
 @njit(cache=True)
-def _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t):
+def _start_block(P, ri, t):
     """The block's proxy started (its dependencies are done): its first compute op starts."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
     op = rs[ri, R_CHEAD]
-    ops[op, O_GATE] = 0
-    g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+    if op >= 0:  # (always: the block's first op; a view has no rows to wrap a -1 around)
+        ops[op, O_GATE] = 0
+    g[G_STATUS] = _try_c(P, ri, t)
 
 
 @njit(cache=True)
-def _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, b):
+def _begin_block(P, ri, b):
     """Queue block ``b``'s first compute op on the rank's compute stream, gated by its proxy (the
     Python op that stands for it on the shard's compute stream); returns it."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    ti = _i2(P, A_TI, 3)
+    tf = _f1(P, A_TF)
+    tp = _i2(P, A_TP, 2)
+    g = _i1(P, A_G)
     row = tp[b, 0]
     code = ti[row, 0]
     op = _new_op(rs, ops, g, ri, K_C if code == I_C else (K_A if code == I_A else K_F), ti[row, 1])
@@ -419,9 +502,16 @@ def _queue_c(rs, ops, ri, op):
 
 
 @njit(cache=True)
-def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now):
+def _launch_rest(P, ri, now):
     """tensor_parallel.launch_prepared for the rest of the block: each op launched as Shard.launch
     does; ST_SUSPEND when the program must suspend (call again after it resumed)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    ti = _i2(P, A_TI, 3)
+    tf = _f1(P, A_TF)
+    tp = _i2(P, A_TP, 2)
+    g = _i1(P, A_G)
     b = rs[ri, R_BT]
     row0, n = tp[b, 0], tp[b, 1]
     max_ahead = g[G_MAXAHEAD]
@@ -448,7 +538,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
                 ops[op, O_LAST] = 1
             _queue_c(rs, ops, ri, op)
             if rs[ri, R_CHEAD] == op:
-                status = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
+                status = _try_c(P, ri, now)
                 if status != ST_LIMIT:  # (the program runs: never ST_IRESUME here)
                     g[G_STATUS] = status
                     return
@@ -465,7 +555,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
             rs[ri, R_NWAIT] = 0
             _queue_c(rs, ops, ri, op)
             if rs[ri, R_CHEAD] == op:
-                _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
+                _try_c(P, ri, now)
         else:
             op = _new_op(rs, ops, g, ri, K_M, ti[row, 1])
             last = rs[ri, R_LASTC]
@@ -478,7 +568,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
             rs[ri, R_TTAIL] = op
             rs[ri, R_OUT] += 1
             if rs[ri, R_THEAD] == op:
-                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
+                _try_t(P, rs, ops, ri, now)
             if ti[row, 2]:
                 rs[ri, R_PEND] = op  # overlapped: waited for at the next I_W
             elif ops[op, O_STATE] != S_DONE:
@@ -492,7 +582,7 @@ def _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, 
 
 
 @njit(cache=True, inline="always")
-def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
+def _complete(P, rs, ops, of, rf, g, ri, op, t):
     """Shard._complete for a block op; returns a status when Python must act."""
     ops[op, O_STATE] = S_DONE
     _forget(rs, ri, op)
@@ -533,18 +623,18 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, 
             if ops[dep, O_KIND] == K_C:
                 # a compute op (alloc and free have no dependencies): it starts, no instant op runs
                 if rs[ri, R_CHEAD] == dep:
-                    _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+                    _try_c(P, ri, t)
             elif rs[ri, R_THEAD] == dep:
-                _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+                _try_t(P, rs, ops, ri, t)
     ops[op, O_NDEP] = 0
     if kind == K_C:
-        status = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+        status = _try_c(P, ri, t)
         if status != ST_LIMIT:
             # an instant op stopped the loop: Python goes on with it, then makes this op's check
             # below (OpCore.instant_stop)
             return status
     else:
-        _try_t(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+        _try_t(P, rs, ops, ri, t)
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
         g[G_RET_RI] = ri
         g[G_RET_T] = t
@@ -552,10 +642,35 @@ def _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, 
     return ST_LIMIT
 
 
+@njit(cache=True, inline="always")
+def _ahead(ops, of, op):
+    """Ask for what the completion of ``op`` (the next event's) reads: its row, its FLOPs, the
+    stream's next op and its dependents (their rows; ``op``'s row was asked for an event earlier)."""
+    _prefetch_row(ops, op)
+    _prefetch(of.ctypes.data + op * 8)
+    nxt = ops[op, O_NEXT]
+    if nxt >= 0:
+        _prefetch_row(ops, nxt)
+    for k in range(ops[op, O_NDEP]):
+        _prefetch(ops.ctypes.data + ops[op, O_DEP0 + k] * (O_FIELDS * 8))
+
+
 @njit(cache=True)
-def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
+def _run_at(P, lt, lk, lr, lo, ls, horizon):
     """Process this heap's events whose keys precede ``(lt, lk, lr, lo, ls)`` (the shard's other
-    heaps' next key) and whose time is before ``horizon``; stop where Python must act."""
+    heaps' next key) and whose time is before ``horizon``; stop where Python must act.
+
+    The op table is larger than the caches (every rank's ops in flight: 25 MiB for the reference
+    run), and an event's rows were last touched when the op was launched or started, long before:
+    waiting for them was most of an event's time. So each event asks for what the next one reads
+    (the heap's top after the pop: its row, and from it the stream's next op and the dependents,
+    _ahead) and for the rows of the one after (one of the top's two children: both)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    rf = _f1(P, A_RF)
+    heap = _i2(P, A_HEAP, 3)
+    g = _i1(P, A_G)
     while g[G_HEAPN] > 0:
         t = heap[0, 0]
         if t >= horizon:
@@ -572,8 +687,16 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
                     break
         op = heap[0, 2]
         _pop(heap, g)
+        n = g[G_HEAPN]
+        if n > 0:
+            _ahead(ops, of, heap[0, 2])
+            # the next event after that is one of the top's children now (or one pushed later)
+            if n > 1:
+                _prefetch_row(ops, heap[1, 2])
+            if n > 2:
+                _prefetch_row(ops, heap[2, 2])
         g[G_EVENTS] += 1
-        status = _complete(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ops[op, O_RI], op, t)
+        status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
         if g[G_ERR]:
             return
         if status != ST_LIMIT:
@@ -582,19 +705,63 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
     g[G_STATUS] = ST_LIMIT
 
 
+@njit(cache=True)
+def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
+    """_run_at over arrays (the tests call the loop this way; no template is read: ti, tf and tp
+    stand for themselves by arrays never indexed)."""
+    _run_at(_table(rs, ops, of, rf, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), lt, lk, lr, lo, ls,
+            horizon)  # fmt: skip
+
+
 # -- entry points over the packed buffers (see H_* above) -------------------------------------------
 # Views without reference counts (as netkernels.py's, issue 23): an array numba receives from
 # Python, or a slice of one, carries a reference count that numba updates with an atomic
-# instruction whenever a variable takes it - at every call of a helper, fifteen arrays each, several
-# helpers per event. A view made from the data pointer (carray) has no count to update. The entry
-# points make such views of the packed buffers once per call; the buffers stay alive in OpCore for
-# the whole call (replaced only between calls, when grown) and are C-contiguous (numpy.zeros).
+# instruction whenever a variable takes it. A view made from the data pointer (carray) has no count
+# to update; the buffers stay alive in OpCore for the whole call (replaced only between calls, when
+# grown) and are C-contiguous (numpy.zeros).
+#
+# The helpers that are not inlined (_start_at, _try_c, _instant, ...: inlining them costs compile
+# time) take the arrays' addresses, a tuple of ints (A_*: _table), and make the views they use
+# themselves, those only (a view still costs a reference-count call, a no-op on a view, but a
+# call): a call passing fifteen arrays copied seven words and made such a call per array, a third
+# of an event's time once its rows were prefetched (_run_at). A view's rows are not kept (numba
+# checks no bounds, and every index here is from 0: the strides of a C-contiguous array depend on
+# its columns only), except the two the kernels read.
+(A_RS, A_OPS, A_OF, A_RF, A_TI, A_TF, A_TP, A_PL, A_PLK, A_FREE, A_QN, A_QM, A_TL, A_OVF, A_HEAP, A_G, A_GR,
+ A_NTL, A_NOVF) = range(19)  # fmt: skip
+_ROWS = 1 << 40  # a view's rows where they are not kept
+
+
 @intrinsic
 def _void_ptr(typingctx, address):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], cgutils.voidptr_t)
 
     return types.voidptr(address), codegen
+
+
+@njit(cache=True, inline="always")
+def _table(rs, ops, of, rf, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr):
+    """The arrays' addresses (A_*) for the helpers."""
+    return (rs.ctypes.data, ops.ctypes.data, of.ctypes.data, rf.ctypes.data, ti.ctypes.data, tf.ctypes.data,
+            tp.ctypes.data, pl.ctypes.data, plk.ctypes.data, free.ctypes.data, qn.ctypes.data, qm.ctypes.data,
+            tl.ctypes.data, ovf.ctypes.data, heap.ctypes.data, g.ctypes.data, gr.ctypes.data, tl.shape[0],
+            ovf.shape[0])  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _i2(P, a, cols):
+    return carray(_void_ptr(P[a]), (_ROWS, cols), np.int64)
+
+
+@njit(cache=True, inline="always")
+def _i1(P, a):
+    return carray(_void_ptr(P[a]), _ROWS, np.int64)
+
+
+@njit(cache=True, inline="always")
+def _f1(P, a):
+    return carray(_void_ptr(P[a]), _ROWS, np.float64)
 
 
 @njit(cache=True, inline="always")
@@ -610,61 +777,49 @@ def _vec(buf, header, h):
 
 
 @njit(cache=True, inline="always")
-def _whole(a):
-    """``a`` as a view without a reference count."""
-    return carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)
-
-
-@njit(cache=True, inline="always")
-def _rank_arrays(ib, gb, fb):
-    """The arrays a per-rank entry point (launch_rest, start_block) passes on, out of the packed
-    buffers: one description of the unpacking for both (inlined: no call, no tuple at run time)."""
-    return (_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _rows(gb, H_TI, 3),
-            _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), _vec(ib, ib, H_QN),
-            _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
-            _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
+def _packed(ib, gb, fb, tf, free):
+    """The table of the packed buffers' arrays (one description of the unpacking for every entry)."""
+    return _table(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
+                  _rows(gb, H_TI, 3), tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
+                  _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
+                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
 
 
 @njit(cache=True)
-def _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri):
+def _begin_pending(P, ri):
     """begin_block for the block the program launched (``R_BEGIN``, written from Python: one kernel
     call less per block), before anything else of the rank's that needs its first op. Until then
     the kernels see what they would see of it: nothing (a gated first op never starts, is never a
     dependency, and only launch_rest reads ``R_LASTC``)."""
+    rs = _i2(P, A_RS, R_FIELDS)
     b = rs[ri, R_BEGIN]
     if b >= 0:
         rs[ri, R_BEGIN] = -1
-        _begin_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, b)
+        _begin_block(P, ri, b)
 
 
 @njit(cache=True)
 def launch_rest(ib, gb, fb, tf, free, ri, now):
-    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
-    tf, free = _whole(tf), _whole(free)
-    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
-    _launch_rest(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, now)
+    P = _packed(ib, gb, fb, tf, free)
+    _begin_pending(P, ri)
+    _launch_rest(P, ri, now)
 
 
 @njit(cache=True)
 def start_block(ib, gb, fb, tf, free, ri, t):
-    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
-    tf, free = _whole(tf), _whole(free)
-    _begin_pending(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri)
-    _start_block(rs, ops, of, ti, tf, tp, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+    P = _packed(ib, gb, fb, tf, free)
+    _begin_pending(P, ri)
+    _start_block(P, ri, t)
 
 
 @njit(cache=True)
 def cont(ib, gb, fb, tf, free, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
-    rs, ops, of, ti, tp, pl, plk, qn, qm, tl, ovf, heap, g, gr = _rank_arrays(ib, gb, fb)
-    tf, free = _whole(tf), _whole(free)
-    g[G_STATUS] = _try_c(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, t)
+    P = _packed(ib, gb, fb, tf, free)
+    g = _i1(P, A_G)
+    g[G_STATUS] = _try_c(P, ri, t)
 
 
 @njit(cache=True)
 def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
-    free = _whole(free)
-    _run(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
-         _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free, _vec(ib, ib, H_QN), _vec(ib, ib, H_QM),
-         _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4), _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G),
-         _rows(ib, H_GR, GR_FIELDS), lt, lk, lr, lo, ls, horizon)  # fmt: skip
+    _run_at(_packed(ib, gb, fb, tf, free), lt, lk, lr, lo, ls, horizon)
