@@ -31,6 +31,7 @@ SOURCES = tuple(
     os.path.join(_ROOT, *path.split("/"))
     for path in (
         "emulator/engine/events.py",
+        "emulator/engine/kernel_memory.py",
         "emulator/engine/netkernels.py",
         "emulator/engine/opkernels.py",
         "emulator/results/textrows.py",

@@ -25,18 +25,18 @@ the waiting receives, tables of runs, channels, segments and transfers, route ta
 state shared with the shard (``lfree``) and statistics. A kernel that could overflow an array
 returns ``GROW`` before touching anything (see ``_room``); the caller enlarges the arrays.
 
-Every kernel lives in this one file on purpose: numba's cache notices changes to a function's own
-file only, so a helper edited in another module would leave stale code inlined in cached kernels.
+The address-to-pointer intrinsic comes from kernel_memory.py, shared with the op kernels; numba's
+cache notices changes to a function's own file only, so kernel_cache.py stamps every kernel file
+with all of them (an edit of kernel_memory.py recompiles these kernels too).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import carray, njit
 
 from emulator.engine import events, kernel_cache  # noqa: F401 - kernel_cache: before any kernel (its module doc)
+from emulator.engine.kernel_memory import void_ptr as _void_ptr
 
 # The event kinds, as literals: numba freezes globals into cached kernels and only notices changes
 # to this file, so a change in events.py must fail here rather than reorder events silently.
@@ -99,14 +99,6 @@ TABLE_COLS = 3  # a table row: data address, rows, columns (1 for a 1-D array)
 (T_ST, T_HEAP, T_MSG, T_MFREE, T_HTK, T_HTV, T_HTS, T_RUNS, T_CHANS, T_SEGS, T_XF, T_CNT, T_RT, T_RBW, T_LBW, T_LFREE,
  T_LWP, T_LWNS, T_LWF, T_LSTAT, T_TSTAT, T_KHIST, T_TL, T_PEND, T_RANK_SHARD, T_CSEQS, T_MSEQ, T_OUTB, T_PSEQ, T_PIDX,
  T_PX) = range(len(TABLE))  # fmt: skip
-
-
-@intrinsic
-def _void_ptr(typingctx, address):
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return types.voidptr(address), codegen
 
 
 @njit(cache=True, inline="always")

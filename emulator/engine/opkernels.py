@@ -23,12 +23,12 @@ in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with thei
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import carray, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import carray, njit
 
 from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one cache stamp (its module doc)
+from emulator.engine.kernel_memory import prefetch as _prefetch
+from emulator.engine.kernel_memory import prefetch_w as _prefetch_w
+from emulator.engine.kernel_memory import void_ptr as _void_ptr
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
@@ -91,40 +91,6 @@ H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
 IB_HEADER = 20
 H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
 GB_HEADER = 10
-
-
-@intrinsic
-def _prefetch(typingctx, address):
-    """A hint that the line at ``address`` will be read soon (llvm.prefetch: never faults, changes
-    nothing but the caches)."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
-        )
-        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
-        # (read, high locality, data cache)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(address), codegen
-
-
-@intrinsic
-def _prefetch_w(typingctx, address):
-    """A hint that the line at ``address`` will be written soon (as _prefetch)."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]), "llvm.prefetch.p0i8"
-        )
-        ptr = builder.inttoptr(args[0], cgutils.voidptr_t)
-        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(address), codegen
 
 
 @njit(cache=True, inline="always")
@@ -730,14 +696,6 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
 (A_RS, A_OPS, A_OF, A_RF, A_TI, A_TF, A_TP, A_PL, A_PLK, A_FREE, A_QN, A_QM, A_TL, A_OVF, A_HEAP, A_G, A_GR,
  A_NTL, A_NOVF) = range(19)  # fmt: skip
 _ROWS = 1 << 40  # a view's rows where they are not kept
-
-
-@intrinsic
-def _void_ptr(typingctx, address):
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return types.voidptr(address), codegen
 
 
 @njit(cache=True, inline="always")
