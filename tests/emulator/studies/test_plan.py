@@ -195,7 +195,7 @@ def test_memory_moves_layers_off_a_stage_that_does_not_fit():
 
 
 # the run's batch (32) under -m slow; 4 by default: 10.5k candidates to enumerate and estimate instead
-# of 35k, a third of the time (the same pipelines, partitions and layouts: only the micro-batch and
+# of 35k, a quarter of the time (the same pipelines, partitions and layouts: only the micro-batch and
 # data-parallel sizes that no longer divide the batch drop out)
 @pytest.mark.parametrize("batch", [4, pytest.param(None, marks=pytest.mark.slow)])
 def test_hetero_plan_beats_the_even_split(tmp_path, batch):
