@@ -46,14 +46,15 @@ def test_capture_as_ray_tasks_equals_local_capture_and_replays_alike(ray_cluster
         sets[backend] = json.loads(captured.path.read_text())
     assert sets["ray"] == sets["inline"]
     assert sets["ray"]["ranks_captured"] == [0, 5]  # LOCAL_RANK only as the device: rank 0 for all but rank 5
-    # the whole verb on Ray (capture as tasks from the cache of the Ray capture, replay on 2 Ray
-    # shards) against the inline one: the same fingerprint
+    # the whole verb on Ray (captured again as tasks, replayed on 2 Ray shards) against the inline
+    # one, which replays the inline capture above from its cache (captured again, it would only
+    # repeat that capture, already equal to the Ray one): the same fingerprint
     summaries = {}
-    for backend, shards in (("inline", "1"), ("ray", "2")):
+    for backend, shards, again in (("inline", "1", []), ("ray", "2", ["--recapture"])):
         monkeypatch.setenv("EMULATOR_CACHE_DIR", str(tmp_path / f"cache-{backend}"))
         out = tmp_path / f"run-{backend}"
         code = main(["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--backend", backend, "--shards", shards,
-                     "--recapture", "--quiet", "--metrics-grace-s", "0", "--out", str(out), str(script)])  # fmt: skip
+                     *again, "--quiet", "--metrics-grace-s", "0", "--out", str(out), str(script)])  # fmt: skip
         assert code == 0, capsys.readouterr().err
         summaries[backend] = json.loads((out / "summary.json").read_text())
     assert summaries["ray"]["backend"] == "ray"

@@ -141,20 +141,30 @@ def test_random_programs_same_results_on_1_2_4_shards(seed):
 
 
 SHIPPED = sorted((CONFIGS / "examples").glob("*.yaml")) + sorted((CONFIGS / "runs").glob("*.yaml"))
-# the longest runs (minutes for the 1000+ GPU ones) are compared with fewer microbatches
+# the longest runs (minutes for the 1000+ GPU ones) are compared with fewer microbatches, layers or
+# iterations: the same layout, schedule and features (llama3-8b, llama3-70b-zero3 and two-jobs at
+# these sizes still fail with 20 us added to next_horizons' horizons, checked by hand)
 SHORTER = {"megatron-1t-3072gpu": ["training.global_batch_size=96"],
            "gpt3-175b-1024gpu": ["training.global_batch_size=128"],
-           "llama3-8b-64gpu": ["training.global_batch_size=64"],
+           "llama3-8b-64gpu": ["training.global_batch_size=64", "model.num_layers=8"],  # still 2 microbatches
            "gpt3-175b-nvidia-128gpu": ["training.global_batch_size=32"],
            "deepseek-v3-like-256gpu": ["training.global_batch_size=64"],
-           "llama3-70b-zero3-64gpu": ["model.num_layers=8"],
-           "llama31-70b-cp-64gpu": ["training.global_batch_size=16"]}
+           "llama3-70b-zero3-64gpu": ["model.num_layers=4"],
+           "llama31-70b-cp-64gpu": ["training.global_batch_size=16"],
+           "two-jobs-shared-nics": ["jobs.0.training.iterations=1", "jobs.1.training.iterations=1"]}
+# the larger sizes these three were compared at before (13, 9 and 8 s in the default suite): -m slow
+LARGER = {"llama3-8b-64gpu": ["training.global_batch_size=64"],
+          "llama3-70b-zero3-64gpu": ["model.num_layers=8"],
+          "two-jobs-shared-nics": []}
+SHIPPED_CASES = [pytest.param(p, SHORTER.get(p.stem, []), id=f"{p.parent.name}/{p.stem}") for p in SHIPPED] + [
+    pytest.param(p, LARGER[p.stem], id=f"{p.parent.name}/{p.stem}-larger", marks=pytest.mark.slow)
+    for p in SHIPPED if p.stem in LARGER]  # fmt: skip
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_shipped_runs_same_results_on_1_2_4_shards(path):
+@pytest.mark.parametrize(("path", "overrides"), SHIPPED_CASES)
+def test_shipped_runs_same_results_on_1_2_4_shards(path, overrides):
     """Every shipped example and run: the same figures (or the same error) on 1, 2 and 4 shards."""
-    config = load_run(path, SHORTER.get(path.stem, []))
+    config = load_run(path, overrides)
     outcomes = []
     for shards in (1, 2, 4):
         try:
