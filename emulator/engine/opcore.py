@@ -59,12 +59,17 @@ import numpy as np
 from emulator.engine import opkernels as k
 from emulator.engine.events import INF
 from emulator.engine.lookahead import block_bound
+from emulator.engine.netkernels import MAXX, SEND_ROOM
 from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import OutOfMemoryError
 
 # the hot reads of the kernels' globals (a module attribute lookup less each)
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
+_G_SENT, _G_LOW = k.G_SENT, k.G_LOW
+# the op kind of a kernel send stream's stand-in on the shard's stream (OpCore.launch_send): not one
+# of ops.py's kinds, never started, completed or counted by the Python rules
+KSENDS = 100
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
@@ -224,18 +229,35 @@ class OpCore:
         # slots as the caller gave them) until the block ends (begin, _apply_memory, _out_of_memory)
         self.block_memory: dict[int, tuple] = {}
         self.top = INF
+        # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
+        # descriptor of (rank, stream, destination, tag), each rank's stream slots by name, and the
+        # stand-ins of the streams whose sends the kernels hold, by (rank, stream)
+        self.sd = np.zeros((16, k.SD_FIELDS), np.int64)
+        self.kc = np.zeros(16, np.int64)
+        self.n_sd = 0
+        self.send_desc: dict[tuple, int] = {}
+        self.slot_names: dict[int, list] = {}  # rank index -> stream names by slot
+        self.slot_descs: dict[tuple, list] = {}  # (rank, stream) -> its descriptors
+        self.stand_ins: dict[tuple, Op] = {}
+        core = getattr(shard, "core", None)
+        self.net = core.table if core is not None else np.zeros(3 * len(k._NET_TABLE), np.int64)
         self._pack()
+
+    def enable_sends(self) -> None:
+        """Pipeline sends from tapes run in the kernels from now on (Shard.__init__: tape.py's kernel mode)."""
+        self.g[k.G_NET] = 1
 
     def _pack_if_grown(self) -> None:
         """:meth:`_pack` when one of the growing arrays was grown (is no longer a view of the buffer)."""
-        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl)) or (
+        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc)) or (
             self.tf is not self.args[3]
         ):
             self._pack()
 
     def _pack(self) -> None:
         """Copy the growing arrays into one buffer (opkernels.H_TI ...) and view them there again."""
-        parts = ((k.H_TI, self.ti), (k.H_TP, self.tp), (k.H_PL, self.pl), (k.H_PLK, self.plk), (k.H_TL, self.tl))
+        parts = ((k.H_TI, self.ti), (k.H_TP, self.tp), (k.H_PL, self.pl), (k.H_PLK, self.plk), (k.H_TL, self.tl),
+                 (k.H_SD, self.sd), (k.H_KC, self.kc))  # fmt: skip
         gb = np.zeros(k.GB_HEADER + sum(a.size for _, a in parts), np.int64)
         at = k.GB_HEADER
         views = []
@@ -245,9 +267,9 @@ class OpCore:
             view[...] = a
             views.append(view)
             at += a.size
-        self.ti, self.tp, self.pl, self.plk, self.tl = views
+        self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc = views
         self.gb = gb
-        self.args = (self.ib, gb, self.fb, self.tf, self.free)
+        self.args = (self.ib, gb, self.fb, self.tf, self.free, self.net)
 
     @property
     def events(self) -> int:
@@ -258,8 +280,20 @@ class OpCore:
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
+        if g[_G_SENT] or g[_G_LOW]:
+            self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
         return g[_G_STATUS]
+
+    def _net_after(self) -> None:
+        """After a call that sent: the message core's next event, and room for the next call's sends."""
+        g = self.gm
+        core = self.shard.core
+        if g[_G_LOW]:
+            g[_G_LOW] = 0
+            core._ensure(0, 0, 0, 0, 0, int(core.st[MAXX]) + 2 + SEND_ROOM)
+        g[_G_SENT] = 0
+        core._read_top()
 
     def _overflowed(self) -> None:
         g = self.gm
@@ -267,7 +301,8 @@ class OpCore:
             raise AssertionError(
                 {1: "compiled op engine: a ring or dependency table overflowed",
                  2: "compiled op engine: a tensor group's members' calls differ",
-                 3: "compiled op engine: a rank's event counter passed its packed key's bound"}[g[k.G_ERR]]
+                 3: "compiled op engine: a rank's event counter passed its packed key's bound",
+                 4: "compiled op engine: a send's block is not the compute stream's last"}[g[k.G_ERR]]
             )  # fmt: skip
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
@@ -543,6 +578,144 @@ class OpCore:
                 shard._suspend(gpu)  # Shard.launch's check after that row
         return k.ST_LAUNCHED
 
+    # -- kernel sends (tape.py's kernel mode) -------------------------------------------------------
+    def launch_send(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline send (``message``: api.GPU.prepare_p2p's) on stream
+        ``name`` in the kernels: False (nothing done) where the Python rules must take it - the
+        stream holds Python's ops, or a wait the program asked for, or the rank has no slot left.
+
+        The shard's stream holds one stand-in op (kind KSENDS, started, never completed by the
+        Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
+        or one that waits for every stream seals it (:meth:`seal`), and the ops behind it go on when
+        its last send completes (:meth:`send_drained`), as behind that send."""
+        stream = gpu.streams.get(name)
+        if stream is None:
+            stream = gpu.stream(name)
+        ops = stream.ops
+        key = (gpu.rank, name)
+        stand_in = self.stand_ins.get(key)
+        if ops and (stand_in is None or stand_in.d or len(ops) > 1):
+            return False
+        if gpu.pending_waits and name in gpu.pending_waits:
+            return False
+        _, _, dst, size, tag = message
+        d = self.send_desc.get((gpu.rank, name, dst, tag))
+        if d is None:
+            d = self._descriptor(gpu, name, dst, tag)
+            if d < 0:
+                return False
+        if not ops:
+            # the stream's sends go to the kernels: their counters from the rank's (_start_send's)
+            for e in self.slot_descs[key]:
+                self.kc[self.sd.item(e, k.SD_CTR)] = gpu.p2p_send.get(self._pair(e), 0)
+            stand_in = self.stand_ins[key] = Op(KSENDS, name, None, None, None, False)
+            stand_in.started = True
+            stand_in.dl = 0  # (read by Shard.launch for a wait on every stream: shards == 1, no lookahead)
+            stand_in.stream = stream
+            stand_in.gpu = gpu
+            ops.append(stand_in)
+            stream.last = stand_in
+        compute = gpu.streams.get("compute")
+        last = compute.last if compute is not None else None
+        shard = self.shard
+        k.launch_send(*self.args, gpu._ri, d, size, 1 if last is not None and not last.done else 0, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def _pair(self, e: int) -> tuple:
+        return self.sd.item(e, k.SD_DST), self.sd.item(e, k.SD_TAG)
+
+    def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int) -> int:
+        """A new send descriptor (and stream slot), or -1 when the rank's slots are taken."""
+        names = self.slot_names.setdefault(gpu._ri, [])
+        if name not in names:
+            if len(names) >= k.NSS:
+                return -1
+            names.append(name)
+            base = k.R_SS0 + names.index(name) * k.SS_FIELDS
+            self.rs[gpu._ri, base + k.SS_HEAD] = self.rs[gpu._ri, base + k.SS_TAIL] = -1
+            self.rs[gpu._ri, base + k.SS_BLK] = -1
+            self.slot_descs[(gpu.rank, name)] = []
+        d = self.n_sd
+        self.sd = _grown(self.sd, d + 1)
+        self.kc = _grown(self.kc, d + 1)
+        self.sd[d] = (dst, tag, self.shard.core.rid(gpu.rank, dst), d, names.index(name))
+        stand_in = self.stand_ins.get((gpu.rank, name))
+        # (the counter as the rank has it: any send of this pair so far ran in Python)
+        self.kc[d] = gpu.p2p_send.get((dst, tag), 0) if stand_in is not None else 0
+        self.n_sd = d + 1
+        self.send_desc[(gpu.rank, name, dst, tag)] = d
+        self.slot_descs[(gpu.rank, name)].append(d)
+        self._pack_if_grown()
+        return d
+
+    def _slot_base(self, gpu: VirtualGPU, name: str) -> int:
+        return k.R_SS0 + self.slot_names[gpu._ri].index(name) * k.SS_FIELDS
+
+    def _hand_back(self, gpu: VirtualGPU, name: str) -> Op:
+        """The stream's sends are Python's again: the rank's counters take the kernels'."""
+        stand_in = self.stand_ins.pop((gpu.rank, name))
+        sent = gpu.p2p_send
+        for e in self.slot_descs[(gpu.rank, name)]:
+            n = self.kc.item(self.sd.item(e, k.SD_CTR))
+            pair = self._pair(e)
+            if n != sent.get(pair, 0):
+                sent[pair] = n
+        self.rs[gpu._ri, self._slot_base(gpu, name) + k.SS_SEAL] = 0
+        return stand_in
+
+    def seal(self, gpu: VirtualGPU, stream) -> None:
+        """Python is about to launch on ``stream``, or to wait for its last op, whose sends the
+        kernels hold: when they are all done the stand-in goes (the stream is Python's again), else
+        it stays the stream's head and last op until the last send completes (send_drained)."""
+        stand_in = stream.last
+        if stand_in.d:
+            return  # sealed already
+        if self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD] < 0:
+            self._hand_back(gpu, stream.name)
+            assert stream.ops[0] is stand_in and len(stream.ops) == 1
+            stream.ops.popleft()
+            stand_in.done = True
+            return
+        stand_in.d = True
+        self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_SEAL] = 1
+
+    def seal_all(self) -> None:
+        """Every stand-in whose sends are done goes (before the streams are read: Shard.blocked)."""
+        for stand_in in list(self.stand_ins.values()):
+            if not stand_in.d:
+                self.seal(stand_in.gpu, stand_in.stream)
+
+    def send_drained(self) -> None:
+        """The kernels stopped at the last send of a sealed stream (ST_SDRAIN): its stand-in
+        completes as that send would in Shard._complete, its counts taken by the kernels."""
+        g = self.gm
+        gpu, t = self.resumed()
+        shard = self.shard
+        shard.now = t
+        name = self.slot_names[gpu._ri][g[k.G_SS]]
+        stand_in = self._hand_back(gpu, name)
+        stand_in.done = True
+        stand_in.t_end = t
+        stream = stand_in.stream
+        stream.ops.popleft()
+        dependents = stand_in.dependents
+        if dependents is not None:
+            stand_in.dependents = None
+            for dep in dependents:
+                dep.deps_left -= 1
+                if dep.deps_left == 0:
+                    s = dep.stream
+                    s.unblocked_by = name
+                    if s.ops and s.ops[0] is dep:
+                        shard._try_start(gpu, s)
+        if stream.ops:
+            shard._try_start(gpu, stream)
+        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
         ri = gpu._ri
@@ -616,15 +789,17 @@ class OpCore:
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
-        ib, gb, fb, tf, free = self.args
+        ib, gb, fb, tf, free, net = self.args
         if limit is None:
-            k.run(ib, gb, fb, tf, free, _NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(ib, gb, fb, tf, free, net, _NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(ib, gb, fb, tf, free, *limit, horizon)
+            k.run(ib, gb, fb, tf, free, net, *limit, horizon)
         # (_after, inline: a call every dozen events)
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
+        if g[_G_SENT] or g[_G_LOW]:
+            self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
         return g[_G_STATUS]
 
@@ -688,6 +863,14 @@ class OpCore:
         for rank, ns in rs[np.flatnonzero(rs[:, k.R_LOST])][:, [k.R_RANK, k.R_LOST]].tolist():
             lost[rank] = lost.get(rank, 0) + ns
         rs[:, k.R_LOST] = 0
+        for ri, names in self.slot_names.items():
+            gpu = self.shard.gpus[self.ranks[ri]]
+            for slot, name in enumerate(names):
+                base = k.R_SS0 + slot * k.SS_FIELDS
+                if rs[ri, base + k.SS_HIT]:
+                    waits = gpu.wait_ns.setdefault(name, {})
+                    waits["compute"] = waits.get("compute", 0) + int(rs[ri, base + k.SS_WAIT])
+                    rs[ri, base + k.SS_HIT] = rs[ri, base + k.SS_WAIT] = 0
         for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
             gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
             for hit, col, stream, by in _WAITS:
@@ -724,7 +907,7 @@ def _memory_plan(mem_rows: tuple | None) -> tuple | None:
     return tuple(last.values()), kept, tuple(freed)
 
 
-def warm_up() -> None:
+def warm_up(net=None) -> None:
     """Load every kernel of opkernels.py (compiled on first use, then from numba's cache): called
     by netcore.warm_up, in the background thread that loads the collective kernels while a run
     starts, so that a first run's compile does not count as emulation time."""
@@ -742,3 +925,11 @@ def warm_up() -> None:
     k.start_block(*core.args, 0, 0)
     k.cont(*core.args, 0, 0)
     k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+    if net is not None:  # a send to rank 1 through netcore.warm_up's core (``net``), and its completion
+        core.net = net.table
+        core.enable_sends()
+        core.sd[0] = (1, 0, net.rid(0, 1), 0, 0)
+        core.rs[0, k.R_SS0 + k.SS_HEAD] = core.rs[0, k.R_SS0 + k.SS_TAIL] = core.rs[0, k.R_SS0 + k.SS_BLK] = -1
+        core._pack()
+        k.launch_send(*core.args, 0, 0, 1, 0, 0)
+        k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)

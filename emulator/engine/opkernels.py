@@ -29,6 +29,31 @@ from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one 
 from emulator.engine.kernel_memory import prefetch as _prefetch
 from emulator.engine.kernel_memory import prefetch_w as _prefetch_w
 from emulator.engine.kernel_memory import void_ptr as _void_ptr
+from emulator.engine.netkernels import (
+    HEAP_N,
+    MSG_N,
+    OUT_N,
+    PEND_N,
+    SEND_KIND,
+    T_HEAP,
+    T_MSG,
+    T_OUTB,
+    T_PEND,
+    T_ST,
+    TOP_KIND,
+    TOP_ORIGIN,
+    TOP_RANK,
+    TOP_SEQ,
+    TOP_T,
+    X_CHAN,
+    X_PEER,
+    X_RID,  # fmt: skip
+    X_SIZE,
+    _inject,
+    _set_top,
+    _views,
+)
+from emulator.engine.netkernels import TABLE as _NET_TABLE
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
@@ -40,7 +65,15 @@ R_BEGIN = R_RANK + 1  # the template of the block the program launched and no ke
 R_LOST = R_BEGIN + 1  # charged minus nominal compute of the block ops done (a slow GPU: Shard.compute_lost_ns)
 # memory (shared with the Python rules, CompiledGPU.mem_used / mem_peak): bytes in use, the peak, the capacity
 R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
-R_FIELDS = R_CAP + 1
+# a rank's pipeline send streams whose sends the kernels run (tape.py's kernel sends, OpCore.launch_send):
+# per stream slot its head and tail op, when its head began waiting for the compute stream (-1: not),
+# the ns it waited and whether it did (Shard._try_start's wait_ns[stream]["compute"]), and whether
+# Python queued ops behind its sends (sealed: the kernels stop when its last send completes, ST_SDRAIN)
+NSS = 4
+SS_HEAD, SS_TAIL, SS_BLK, SS_WAIT, SS_HIT, SS_SEAL = range(6)
+SS_FIELDS = 6
+R_SS0 = R_CAP + 1
+R_FIELDS = R_SS0 + NSS * SS_FIELDS
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 # a compute-stream op's dependents are the tensor collectives launched after it before the next one
@@ -50,6 +83,12 @@ MAX_DEPS = MAX_WAITS
 O_FIELDS = O_DEP0 + MAX_DEPS
 assert O_FIELDS == 16 and O_GATE < 8
 K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last two instant: Shard._instant)
+# a pipeline send (p2p.PointToPoint._start_send): ``O_VAL`` its bytes, ``O_LOST`` its descriptor, a row
+# of ``sd``: (destination, tag, route id of the message core, counter, stream slot); its counter
+# ``kc[counter]`` is the rank's p2p_send count for (destination, tag)
+K_S = 4
+SD_DST, SD_TAG, SD_RID, SD_CTR, SD_SLOT = range(5)
+SD_FIELDS = 5
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
 # plans
@@ -65,7 +104,16 @@ GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
 # globals
 (G_HEAPN, G_EVENTS, G_STATUS, G_RET_RI, G_RET_T, G_RET_TSTART, G_RET_OP, G_RING, G_MAXAHEAD, G_BUCKET, G_NOVF,
  G_ERR) = range(12)  # fmt: skip
-G_FIELDS = 12
+# G_SENT: a send was put in the message core's heap (OpCore refreshes NetCore.top); G_LOW: the message
+# core's arrays have less room than a call may take (NET_LOW messages: OpCore grows them); G_SS: the
+# stream slot of an ST_SDRAIN
+# G_NET: 1 when the message core's table is a real one (OpCore.attach_net; not in warm_up or the tests)
+G_SENT, G_LOW, G_SS, G_NET = 12, 13, 14, 15
+G_FIELDS = 16
+# a kernel call starts at most MAX_DEPS + 1 sends outside the event loop, and an event as many: the
+# loop stops (ST_LIMIT, G_LOW) before an event with less room than NET_EVENT messages, and every call
+# leaves G_LOW when less than NET_LOW are left (OpCore grows the core's arrays before the next call)
+NET_EVENT, NET_LOW = 8, 16
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
 # a heap row's key: ``rank << SEQ_BITS | seq`` orders as ``(rank, seq)`` while rank < 2^RANK_BITS
 # (8,388,608 GPUs: OpCore checks the world size) and seq < 2^SEQ_BITS (10^12 events of one rank:
@@ -81,6 +129,8 @@ ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 # (ST_IRESUME: then ``cont`` goes on with the loop), the block's last op was instant (ST_IBLOCK: the
 # proxy completes, the shard's compute stream goes on), or an alloc passed the capacity (ST_OOM)
 ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
+# the last send of a sealed send stream completed (G_SS its slot): Python's ops behind it go on
+ST_SDRAIN = 8
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -89,8 +139,8 @@ ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
 H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
 IB_HEADER = 20
-H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
-GB_HEADER = 10
+H_TI, H_TP, H_PL, H_PLK, H_TL, H_SD, H_KC = range(0, 14, 2)
+GB_HEADER = 14
 
 
 @njit(cache=True, inline="always")
@@ -313,7 +363,8 @@ def _start_at(P, ri, op, t):
 def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """_start_at over arrays (tests/emulator/engine/test_opcore_fuzz.py calls the rule this way)."""
     # (no template is read: ti, tf, tp and rf stand in by arrays never indexed)
-    _start_at(_table(rs, ops, of, of, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), ri, op, t)
+    P = _table(rs, ops, of, of, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr)
+    _start_at(P + (P[A_RS], P[A_RS], P[A_RS]), ri, op, t)
 
 
 @njit(cache=True)
@@ -370,7 +421,10 @@ def _instant(P, ri, op, t):
     if nxt < 0:
         rs[ri, R_CTAIL] = -1
     if ops[op, O_LAST]:
-        # the block's last op: the shard completes its proxy (counters, dependents, the program)
+        # the block's last op: the shard completes its proxy (counters, dependents, the program);
+        # kernel sends first
+        if ops[op, O_NDEP]:
+            _release_sends(P, ri, op, t)
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_OP] = op
@@ -566,7 +620,9 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
             rs[ri, R_TTAIL] = -1
     if ops[op, O_LAST]:
         # the block's last compute op: the shard completes its proxy (counters, dependents, the
-        # compute stream's next op, the program) with this op's figures
+        # compute stream's next op, the program) with this op's figures; kernel sends first
+        if ops[op, O_NDEP]:
+            _release_sends(P, ri, op, t)
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_TSTART] = ops[op, O_TSTART]
@@ -609,6 +665,133 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
 
 
 @njit(cache=True, inline="always")
+def _net(P):
+    """The message core's table (netkernels.TABLE) as an array."""
+    return carray(_void_ptr(P[A_NET]), _NET_COLS, np.int64)
+
+
+@njit(cache=True, inline="always")
+def _net_room(P):
+    """How many more messages the message core's arrays take (those a send fills)."""
+    pn = _net(P)
+    st = carray(_void_ptr(pn[3 * T_ST]), pn[3 * T_ST + 1], np.int64)
+    room = pn[3 * T_HEAP + 1] - st[HEAP_N]
+    room = min(room, pn[3 * T_MSG + 1] - st[MSG_N])
+    room = min(room, pn[3 * T_OUTB + 1] - st[OUT_N])
+    return min(room, pn[3 * T_PEND + 1] - st[PEND_N])
+
+
+@njit(cache=True)
+def _note_room(P):
+    """G_LOW when the next call could lack room for its sends (only where the kernels send)."""
+    g = _i1(P, A_G)
+    if g[G_NET] and _net_room(P) < NET_LOW:
+        g[G_LOW] = 1
+
+
+@njit(cache=True)
+def _try_s(P, ri, base, t):
+    """Shard._try_start on a kernel send stream (its slot's fields from ``base``): its head send
+    starts when its dependency (the compute stream's block) is done: p2p.PointToPoint._start_send,
+    its message put on the up-links by the message core's rules (netkernels.send_message), its
+    completion an event of this heap at the tail's leaving, keyed from the rank's counter."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    op = rs[ri, base + SS_HEAD]
+    if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+        return
+    if ops[op, O_DEPS]:
+        if rs[ri, base + SS_BLK] < 0:
+            rs[ri, base + SS_BLK] = t
+        return
+    if rs[ri, base + SS_BLK] >= 0:
+        rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
+        rs[ri, base + SS_HIT] = 1
+        rs[ri, base + SS_BLK] = -1
+    ops[op, O_STATE] = S_STARTED
+    ops[op, O_TSTART] = t
+    sd = _i2(P, A_SD, SD_FIELDS)
+    kc = _i1(P, A_KC)
+    g = _i1(P, A_G)
+    d = ops[op, O_LOST]
+    c = sd[d, SD_CTR]
+    k = kc[c]
+    kc[c] = k + 1
+    src = rs[ri, R_RANK]
+    pn = _net(P)
+    (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, px) = _views(pn)  # fmt: skip
+    # (netkernels.send_message without its room check: OpCore keeps the room, G_LOW)
+    size = ops[op, O_VAL]
+    px[0, X_PEER] = sd[d, SD_DST]
+    px[0, X_SIZE] = size
+    px[0, X_CHAN] = 0
+    px[0, X_RID] = sd[d, SD_RID]
+    end_up = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
+                     rank_shard, mseq, outb, px, 0, src, 0, sd[d, SD_TAG], k, size, 0, SEND_KIND, t)  # fmt: skip
+    _set_top(st, heap)
+    g[G_SENT] = 1
+    heap_o = _i2(P, A_HEAP, 3)
+    seq = rs[ri, R_SEQ] + 1
+    rs[ri, R_SEQ] = seq
+    _push(heap_o, g, end_up, src, seq, op)
+
+
+@njit(cache=True)
+def _release_sends(P, ri, op, t):
+    """The block's last op ``op`` is done: the sends launched after it (its dependents) go on, as
+    the dependents of its proxy would (Shard._complete: before the shard's own rules for the proxy)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    n = ops[op, O_NDEP]
+    for k in range(n):
+        dep = ops[op, O_DEP0 + k]
+        if ops[dep, O_KIND] != K_S:
+            continue
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0:
+            base = R_SS0 + sd[ops[dep, O_LOST], SD_SLOT] * SS_FIELDS
+            if rs[ri, base + SS_HEAD] == dep:
+                _try_s(P, ri, base, t)
+    ops[op, O_NDEP] = 0
+
+
+@njit(cache=True)
+def _complete_send(P, ri, op, t):
+    """Shard._complete for a kernel send; ST_SDRAIN when its stream was sealed and is now empty
+    (before the program's check: Python's ops behind it come first, as its stream's next ops)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    ops[op, O_STATE] = S_DONE
+    slot = sd[ops[op, O_LOST], SD_SLOT]
+    base = R_SS0 + slot * SS_FIELDS
+    nxt = ops[op, O_NEXT]
+    rs[ri, base + SS_HEAD] = nxt
+    if nxt < 0:
+        rs[ri, base + SS_TAIL] = -1
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    if nxt >= 0:
+        _try_s(P, ri, base, t)
+    elif rs[ri, base + SS_SEAL]:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        g[G_SS] = slot
+        return ST_SDRAIN
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True, inline="always")
 def _ahead(ops, of, op):
     """Ask for what the completion of ``op`` (the next event's) reads: its row, its FLOPs, the
     stream's next op and its dependents (their rows; ``op``'s row was asked for an event earlier)."""
@@ -637,9 +820,13 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
     rf = _f1(P, A_RF)
     heap = _i2(P, A_HEAP, 3)
     g = _i1(P, A_G)
+    sends = g[G_NET] != 0
     while g[G_HEAPN] > 0:
         t = heap[0, 0]
         if t >= horizon:
+            break
+        if sends and _net_room(P) < NET_EVENT:
+            g[G_LOW] = 1  # OpCore grows the message core's arrays; the shard's loop calls again
             break
         # the key (t, EV_OP_DONE=2, rank, rank, seq) against the limit
         if t > lt:
@@ -662,9 +849,20 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
             if n > 2:
                 _prefetch_row(ops, heap[2, 2])
         g[G_EVENTS] += 1
-        status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
+        if ops[op, O_KIND] == K_S:
+            status = _complete_send(P, ops[op, O_RI], op, t)
+        else:
+            status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
         if g[G_ERR]:
             return
+        if g[G_SENT]:
+            # a hand-over pushed in the message core's heap may precede the limit: the loop stops before it
+            pn = _net(P)
+            nst = carray(_void_ptr(pn[3 * T_ST]), pn[3 * T_ST + 1], np.int64)
+            ht, hk, hr, ho, hs = nst[TOP_T], nst[TOP_KIND], nst[TOP_RANK], nst[TOP_ORIGIN], nst[TOP_SEQ]
+            if ht >= 0 and (ht < lt or (ht == lt and (hk < lk or (hk == lk and (
+                    hr < lr or (hr == lr and (ho < lo or (ho == lo and hs < ls)))))))):  # fmt: skip
+                lt, lk, lr, lo, ls = ht, hk, hr, ho, hs
         if status != ST_LIMIT:
             g[G_STATUS] = status
             return
@@ -675,8 +873,8 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
 def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """_run_at over arrays (the tests call the loop this way; no template is read: ti, tf and tp
     stand for themselves by arrays never indexed)."""
-    _run_at(_table(rs, ops, of, rf, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), lt, lk, lr, lo, ls,
-            horizon)  # fmt: skip
+    P = _table(rs, ops, of, rf, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr)
+    _run_at(P + (P[A_RS], P[A_RS], P[A_RS]), lt, lk, lr, lo, ls, horizon)
 
 
 # -- entry points over the packed buffers (see H_* above) -------------------------------------------
@@ -695,6 +893,10 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
 # its columns only), except the two the kernels read.
 (A_RS, A_OPS, A_OF, A_RF, A_TI, A_TF, A_TP, A_PL, A_PLK, A_FREE, A_QN, A_QM, A_TL, A_OVF, A_HEAP, A_G, A_GR,
  A_NTL, A_NOVF) = range(19)  # fmt: skip
+# the kernel sends' arrays and the message core's table (netkernels.TABLE), after _table's: the
+# entry points add them (_packed), the tests' wrappers stand-ins (no send runs there)
+A_SD, A_KC, A_NET = 19, 20, 21
+_NET_COLS = 3 * len(_NET_TABLE)
 _ROWS = 1 << 40  # a view's rows where they are not kept
 
 
@@ -735,12 +937,14 @@ def _vec(buf, header, h):
 
 
 @njit(cache=True, inline="always")
-def _packed(ib, gb, fb, tf, free):
-    """The table of the packed buffers' arrays (one description of the unpacking for every entry)."""
+def _packed(ib, gb, fb, tf, free, net):
+    """The table of the packed buffers' arrays (one description of the unpacking for every entry),
+    then the kernel sends' (A_SD, A_KC) and the message core's table (A_NET)."""
     return _table(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
                   _rows(gb, H_TI, 3), tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
                   _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
+                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS)) + (
+        gb.ctypes.data + gb[H_SD] * 8, gb.ctypes.data + gb[H_KC] * 8, net.ctypes.data)  # fmt: skip
 
 
 @njit(cache=True)
@@ -757,27 +961,63 @@ def _begin_pending(P, ri):
 
 
 @njit(cache=True)
-def launch_rest(ib, gb, fb, tf, free, ri, now):
-    P = _packed(ib, gb, fb, tf, free)
+def launch_rest(ib, gb, fb, tf, free, net, ri, now):
+    P = _packed(ib, gb, fb, tf, free, net)
     _begin_pending(P, ri)
     _launch_rest(P, ri, now)
+    _note_room(P)
 
 
 @njit(cache=True)
-def start_block(ib, gb, fb, tf, free, ri, t):
-    P = _packed(ib, gb, fb, tf, free)
+def start_block(ib, gb, fb, tf, free, net, ri, t):
+    P = _packed(ib, gb, fb, tf, free, net)
     _begin_pending(P, ri)
     _start_block(P, ri, t)
+    _note_room(P)
 
 
 @njit(cache=True)
-def cont(ib, gb, fb, tf, free, ri, t):
+def cont(ib, gb, fb, tf, free, net, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
-    P = _packed(ib, gb, fb, tf, free)
+    P = _packed(ib, gb, fb, tf, free, net)
     g = _i1(P, A_G)
     g[G_STATUS] = _try_c(P, ri, t)
+    _note_room(P)
 
 
 @njit(cache=True)
-def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
-    _run_at(_packed(ib, gb, fb, tf, free), lt, lk, lr, lo, ls, horizon)
+def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
+    P = _packed(ib, gb, fb, tf, free, net)
+    _run_at(P, lt, lk, lr, lo, ls, horizon)
+    _note_room(P)
+
+
+@njit(cache=True)
+def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """Shard.launch of a pipeline send (descriptor ``d``, ``size`` bytes) on its stream slot, after
+    the compute stream's last op when ``dep`` (the block just launched, not done: its last op);
+    it starts when it is the stream's head and waits for nothing (p2p.PointToPoint._start_send)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    op = _new_op(rs, ops, g, ri, K_S, size)
+    ops[op, O_LOST] = d
+    if dep:
+        last = rs[ri, R_CTAIL]
+        if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
+            g[G_ERR] = 4  # the compute stream's last op is not the block's last (an engine bug)
+        else:
+            _add_dep(ops, g, op, last)
+    base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_TAIL] >= 0:
+        ops[rs[ri, base + SS_TAIL], O_NEXT] = op
+    else:
+        rs[ri, base + SS_HEAD] = op
+    rs[ri, base + SS_TAIL] = op
+    rs[ri, R_OUT] += 1
+    if rs[ri, base + SS_HEAD] == op:
+        _try_s(P, ri, base, now)
+    g[G_STATUS] = ST_LIMIT
+    _note_room(P)

@@ -36,13 +36,15 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
+from emulator.engine.opcore import KSENDS
+from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
 from emulator.engine.tape import enabled as tape_enabled
+from emulator.engine.tape import kernel_sends as tape_kernel_sends
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
 from emulator.hardware.compute import op_duration_ns
@@ -129,6 +131,11 @@ class Shard(PointToPoint, CollectiveExecution):
         # take its blocks; rank -> its tape while one runs
         self.tapes_on = self.ops_core is not None and tape_enabled()
         self.tapes: dict[int, Tape] = {}
+        # a tape's pipeline sends run in the kernels (OpCore.launch_send) in a shard that is the
+        # run's only one: the lookahead of several reads each send's Python op (lookahead.py)
+        self.kernel_sends = self.tapes_on and self.shards == 1 and self.p2p_core and tape_kernel_sends()
+        if self.kernel_sends:
+            self.ops_core.enable_sends()
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -311,10 +318,18 @@ class Shard(PointToPoint, CollectiveExecution):
         stream = streams.get(stream_name)
         if stream is None:
             stream = gpu.stream(stream_name)
+        last = stream.last
+        if last is not None and last.kind == KSENDS and not last.done:
+            self.ops_core.seal(gpu, stream)  # the kernels hold sends of this stream (OpCore.launch_send)
         op.stream = stream
         op.gpu = gpu
         deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
         if after_all:
+            if self.kernel_sends:
+                for s in streams.values():
+                    last = s.last
+                    if last is not None and last.kind == KSENDS and not last.done:
+                        self.ops_core.seal(gpu, s)
             deps = deps or []
             deps.extend(s.last for s in streams.values() if s is not stream and s.last is not None)
         elif comm and stream_name != "compute":
@@ -612,6 +627,9 @@ class Shard(PointToPoint, CollectiveExecution):
                 gpu, t = ops.resumed()
                 self.now = t
                 self._maybe_resume(gpu)
+            elif status == ST_SDRAIN:  # a sealed kernel send stream's last send completed (OpCore.send_drained)
+                gpu, t = ops.resumed()
+                ops.send_drained()
             elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
                 gpu, t = ops.resumed()
                 ops.stopped(status)
@@ -670,6 +688,8 @@ class Shard(PointToPoint, CollectiveExecution):
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""
         self.stats.flush()  # the compiled engine's share of the ranks' latest times (opcore.CompiledGPU)
+        if self.kernel_sends:
+            self.ops_core.seal_all()  # (their sends are done: the streams are Python's again)
         return blocked_ranks(self)
 
 

@@ -42,6 +42,11 @@ def enabled() -> bool:
     return os.environ.get("EMULATOR_TAPE", "1") != "0"
 
 
+def kernel_sends() -> bool:
+    """Whether a tape's pipeline sends run in the kernels (``EMULATOR_TAPE=kernel``; read once per shard)."""
+    return os.environ.get("EMULATOR_TAPE", "1") == "kernel"
+
+
 class Tape:
     """A run of a rank's pipeline steps and how far the engine has launched them.
 
@@ -72,6 +77,7 @@ class Tape:
         i, phase = self.i, self.phase
         n = len(steps)
         launch = shard.launch
+        kernel_sends = shard.kernel_sends
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
             if phase == 0:
@@ -117,7 +123,8 @@ class Tape:
             i += 1
             phase = 0
             if send is not None:
-                launch(gpu, Op(*send[0]), send[1], True)
+                if not (kernel_sends and core.launch_send(gpu, send[0], send[1])):
+                    launch(gpu, Op(*send[0]), send[1], True)
                 if gpu.suspended:
                     self.i, self.phase = i, phase
                     return False
