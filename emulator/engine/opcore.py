@@ -60,7 +60,7 @@ from emulator.engine import opkernels as k
 from emulator.engine.events import INF
 from emulator.engine.lookahead import block_bound
 from emulator.engine.netkernels import MAXX, SEND_ROOM
-from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
+from emulator.engine.ops import BLOCK, COMPUTE, SEND, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import OutOfMemoryError
 
@@ -230,12 +230,13 @@ class OpCore:
         self.block_memory: dict[int, tuple] = {}
         self.top = INF
         # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
-        # descriptor of (rank, stream, destination, tag), each rank's stream slots by name, and the
+        # descriptor of (rank, stream, destination, tag) and of a message, each rank's stream slots by name, and the
         # stand-ins of the streams whose sends the kernels hold, by (rank, stream)
         self.sd = np.zeros((16, k.SD_FIELDS), np.int64)
         self.kc = np.zeros(16, np.int64)
         self.n_sd = 0
-        self.send_desc: dict[tuple, int] = {}
+        self.desc_of: dict[tuple, int] = {}
+        self.send_desc: dict[int, tuple] = {}  # id(a prepared message) -> (it, its descriptor, its GPU)
         self.slot_names: dict[int, list] = {}  # rank index -> stream names by slot
         self.slot_descs: dict[tuple, list] = {}  # (rank, stream) -> its descriptors
         self.stand_ins: dict[tuple, Op] = {}
@@ -592,20 +593,25 @@ class OpCore:
         if stream is None:
             stream = gpu.stream(name)
         ops = stream.ops
-        key = (gpu.rank, name)
-        stand_in = self.stand_ins.get(key)
-        if ops and (stand_in is None or stand_in.d or len(ops) > 1):
-            return False
+        if ops:
+            stand_in = ops[0]
+            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+                return False
         if gpu.pending_waits and name in gpu.pending_waits:
             return False
-        _, _, dst, size, tag = message
-        d = self.send_desc.get((gpu.rank, name, dst, tag))
-        if d is None:
+        # (the program prepares each message once: its descriptor by the tuple's identity)
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, dst, _, tag = message
             d = self._descriptor(gpu, name, dst, tag)
             if d < 0:
                 return False
+            self.send_desc[id(message)] = (message, d, gpu)
         if not ops:
             # the stream's sends go to the kernels: their counters from the rank's (_start_send's)
+            key = (gpu.rank, name)
             for e in self.slot_descs[key]:
                 self.kc[self.sd.item(e, k.SD_CTR)] = gpu.p2p_send.get(self._pair(e), 0)
             stand_in = self.stand_ins[key] = Op(KSENDS, name, None, None, None, False)
@@ -615,10 +621,9 @@ class OpCore:
             stand_in.gpu = gpu
             ops.append(stand_in)
             stream.last = stand_in
-        compute = gpu.streams.get("compute")
-        last = compute.last if compute is not None else None
+        last = gpu.streams["compute"].last  # (the block just launched, or done)
         shard = self.shard
-        k.launch_send(*self.args, gpu._ri, d, size, 1 if last is not None and not last.done else 0, shard.now)
+        k.launch_send(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
         self._after()
         if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
             shard._suspend(gpu)
@@ -628,7 +633,11 @@ class OpCore:
         return self.sd.item(e, k.SD_DST), self.sd.item(e, k.SD_TAG)
 
     def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int) -> int:
-        """A new send descriptor (and stream slot), or -1 when the rank's slots are taken."""
+        """The send descriptor of (rank, stream, destination, tag), new with its stream slot where
+        needed, or -1 when the rank's slots are taken."""
+        d = self.desc_of.get((gpu.rank, name, dst, tag))
+        if d is not None:
+            return d
         names = self.slot_names.setdefault(gpu._ri, [])
         if name not in names:
             if len(names) >= k.NSS:
@@ -646,7 +655,7 @@ class OpCore:
         # (the counter as the rank has it: any send of this pair so far ran in Python)
         self.kc[d] = gpu.p2p_send.get((dst, tag), 0) if stand_in is not None else 0
         self.n_sd = d + 1
-        self.send_desc[(gpu.rank, name, dst, tag)] = d
+        self.desc_of[(gpu.rank, name, dst, tag)] = d
         self.slot_descs[(gpu.rank, name)].append(d)
         self._pack_if_grown()
         return d
@@ -682,11 +691,25 @@ class OpCore:
         stand_in.d = True
         self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_SEAL] = 1
 
-    def seal_all(self) -> None:
-        """Every stand-in whose sends are done goes (before the streams are read: Shard.blocked)."""
+    def show_sends(self) -> None:
+        """Before the streams are read for a deadlock report (Shard.blocked): a stand-in whose sends
+        are done goes, and one with sends left shows its head send as the Python op would be (its
+        name, whether it started, whether it waits for the compute stream). The run ends there."""
         for stand_in in list(self.stand_ins.values()):
-            if not stand_in.d:
-                self.seal(stand_in.gpu, stand_in.stream)
+            gpu, stream = stand_in.gpu, stand_in.stream
+            head = self.rs.item(gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD)
+            if head < 0:
+                if not stand_in.d:
+                    self.seal(gpu, stream)
+                continue
+            dst, tag = self._pair(self.ops.item(head, k.O_LOST))
+            size = self.ops.item(head, k.O_VAL)
+            op = Op(SEND, f"send(dst={dst}, tag={tag}, {size} B)", dst, size, tag)
+            op.stream, op.gpu = stream, gpu
+            op.deps_left = self.ops.item(head, k.O_DEPS)
+            op.started = self.ops.item(head, k.O_STATE) == k.S_STARTED
+            op.t_start = self.ops.item(head, k.O_TSTART)
+            stream.ops[0] = op
 
     def send_drained(self) -> None:
         """The kernels stopped at the last send of a sealed stream (ST_SDRAIN): its stand-in

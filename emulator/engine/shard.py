@@ -689,7 +689,7 @@ class Shard(PointToPoint, CollectiveExecution):
         """What every unfinished rank is stuck on (for deadlock reports)."""
         self.stats.flush()  # the compiled engine's share of the ranks' latest times (opcore.CompiledGPU)
         if self.kernel_sends:
-            self.ops_core.seal_all()  # (their sends are done: the streams are Python's again)
+            self.ops_core.show_sends()  # the kernels' sends as the streams' ops
         return blocked_ranks(self)
 
 

@@ -22,8 +22,17 @@ Where a rank's next actions are not plain steps (the first and last stage's embe
 the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a block the kernels do
 not take, a traced rank), the program runs them itself, as without a tape.
 
-``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself):
-tests/emulator/engine/test_tape.py compares whole runs both ways, bit for bit. Each shard reads its
+A tape's sends run in the kernels where the shard is the run's only one (the lookahead of several
+reads each send's Python op): OpCore.launch_send makes each an op of the kernels' ring on its
+stream's slot, after the block's last op, whose completion starts it in the kernels (netkernels'
+injection, its completion an event of the kernels' heap keyed from the rank's counter, as
+p2p.PointToPoint._start_send would push it), so a step's send takes no Python after its launch.
+The shard's stream holds one stand-in op meanwhile; Python hands the stream back where it launches
+on it or waits for every stream (OpCore.seal, send_drained).
+
+``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
+``EMULATOR_TAPE=python`` keeps a tape's sends in Python (the specification of the kernel sends):
+tests/emulator/engine/test_tape.py compares whole runs the three ways, bit for bit. Each shard reads its
 own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
 compares with ``engine.op_engine=python``, which takes no tapes, instead).
@@ -39,12 +48,13 @@ from emulator.engine.ops import Op
 
 def enabled() -> bool:
     """Whether shards run tapes (read once per shard)."""
-    return os.environ.get("EMULATOR_TAPE", "1") != "0"
+    return os.environ.get("EMULATOR_TAPE", "kernel") != "0"
 
 
 def kernel_sends() -> bool:
-    """Whether a tape's pipeline sends run in the kernels (``EMULATOR_TAPE=kernel``; read once per shard)."""
-    return os.environ.get("EMULATOR_TAPE", "1") == "kernel"
+    """Whether a tape's pipeline sends run in the kernels (the default, ``EMULATOR_TAPE=kernel``; a
+    tape in Python with ``EMULATOR_TAPE=python``, or ``1``; read once per shard)."""
+    return os.environ.get("EMULATOR_TAPE", "kernel") == "kernel"
 
 
 class Tape:
