@@ -582,8 +582,9 @@ class OpCore:
     # -- kernel sends (tape.py's kernel mode) -------------------------------------------------------
     def launch_send(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
         """Shard.launch of a tape's pipeline send (``message``: api.GPU.prepare_p2p's) on stream
-        ``name`` in the kernels: False (nothing done) where the Python rules must take it - the
-        stream holds Python's ops, or a wait the program asked for, or the rank has no slot left.
+        ``name`` in the kernels: False (nothing done) where the Python rules must take it - a send
+        to another shard, the stream holds Python's ops, or a wait the program asked for, or the
+        rank has no slot left.
 
         The shard's stream holds one stand-in op (kind KSENDS, started, never completed by the
         Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
@@ -605,6 +606,8 @@ class OpCore:
             d = known[1]
         else:
             _, _, dst, _, tag = message
+            if self.shard.rank_shard[dst] != self.shard.index:
+                return False  # (its Python op bounds this shard's output: lookahead.py)
             d = self._descriptor(gpu, name, dst, tag)
             if d < 0:
                 return False
@@ -616,7 +619,7 @@ class OpCore:
                 self.kc[self.sd.item(e, k.SD_CTR)] = gpu.p2p_send.get(self._pair(e), 0)
             stand_in = self.stand_ins[key] = Op(KSENDS, name, None, None, None, False)
             stand_in.started = True
-            stand_in.dl = 0  # (read by Shard.launch for a wait on every stream: shards == 1, no lookahead)
+            stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
             stand_in.stream = stream
             stand_in.gpu = gpu
             ops.append(stand_in)

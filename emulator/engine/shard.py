@@ -131,9 +131,9 @@ class Shard(PointToPoint, CollectiveExecution):
         # take its blocks; rank -> its tape while one runs
         self.tapes_on = self.ops_core is not None and tape_enabled()
         self.tapes: dict[int, Tape] = {}
-        # a tape's pipeline sends run in the kernels (OpCore.launch_send) in a shard that is the
-        # run's only one: the lookahead of several reads each send's Python op (lookahead.py)
-        self.kernel_sends = self.tapes_on and self.shards == 1 and self.p2p_core and tape_kernel_sends()
+        # a tape's pipeline sends to ranks of this shard run in the kernels (OpCore.launch_send); one
+        # to another shard stays a Python op, which the lookahead reads (lookahead.py: cross_queued)
+        self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends()
         if self.kernel_sends:
             self.ops_core.enable_sends()
 

@@ -22,8 +22,8 @@ Where a rank's next actions are not plain steps (the first and last stage's embe
 the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a block the kernels do
 not take, a traced rank), the program runs them itself, as without a tape.
 
-A tape's sends run in the kernels where the shard is the run's only one (the lookahead of several
-reads each send's Python op): OpCore.launch_send makes each an op of the kernels' ring on its
+A tape's sends to ranks of its own shard run in the kernels (one to another shard stays a Python
+op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op of the kernels' ring on its
 stream's slot, after the block's last op, whose completion starts it in the kernels (netkernels'
 injection, its completion an event of the kernels' heap keyed from the rank's counter, as
 p2p.PointToPoint._start_send would push it), so a step's send takes no Python after its launch.

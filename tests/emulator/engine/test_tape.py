@@ -155,13 +155,15 @@ def test_suspensions_and_schedules(ahead, schedule, taped, kernel_sent, monkeypa
 
 
 @pytest.mark.parametrize("shards", [2, 3])
-def test_several_shards(shards, taped, monkeypatch):
+def test_several_shards(shards, taped, kernel_sent, monkeypatch):
     """Tapes on several in-process shards (the sends to another shard are queued for the lookahead
-    by Shard.launch, as the program's are): the same results, and one shard's fingerprint."""
+    by Shard.launch, as the program's are; the kernels take those to the shard's own ranks): the
+    same results, and one shard's fingerprint."""
     args = ["training.global_batch_size=24"]
     on = _run("megatron-1t-3072gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-1t-3072gpu", args, False, monkeypatch, shards)
+    assert on == _run("megatron-1t-3072gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
     assert on[0] == _run("megatron-1t-3072gpu", args, True, monkeypatch)[0]
 
 
@@ -319,13 +321,14 @@ def test_data_parallel_pipelines(extra, taped, kernel_sent, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shards", [1, 2])
-def test_a_slow_nic_window(shards, taped, monkeypatch):
+def test_a_slow_nic_window(shards, taped, kernel_sent, monkeypatch):
     """A NIC on the pipeline's path slowed for the bytes it carries in [0.05 s, 0.2 s), programs 2 ops ahead."""
     args = ["training.global_batch_size=16", "engine.max_ops_ahead=2",
             "faults.slow_link=[{nic: {node: 2, index: 0}, factor: 0.1, start_s: 0.05, end_s: 0.2}]"]  # fmt: skip
     on = _run("megatron-175b-64gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch, shards)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
 
 
 @pytest.mark.slow
