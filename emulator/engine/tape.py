@@ -23,12 +23,12 @@ the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a blo
 not take, a traced rank), the program runs them itself, as without a tape.
 
 A tape's sends to ranks of its own shard run in the kernels (one to another shard stays a Python
-op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op of the kernels' ring on its
-stream's slot, after the block's last op, whose completion starts it in the kernels (netkernels'
-injection, its completion an event of the kernels' heap keyed from the rank's counter, as
-p2p.PointToPoint._start_send would push it), so a step's send takes no Python after its launch.
-The shard's stream holds one stand-in op meanwhile; Python hands the stream back where it launches
-on it or waits for every stream (OpCore.seal, send_drained).
+op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op
+of the kernels' ring on its stream's slot, after the block's last op, whose completion starts it in
+the kernels (netkernels' injection; its completion an event of the kernels' heap keyed from the
+rank's counter, as p2p.PointToPoint._start_send would push it), so a step's send takes no Python
+after its launch. The shard's stream holds one stand-in op meanwhile; Python hands the stream back
+where it launches on it or waits for every stream (OpCore.seal, send_drained).
 
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's sends in Python (the specification of the kernel sends):
