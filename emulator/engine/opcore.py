@@ -57,16 +57,16 @@ from __future__ import annotations
 import numpy as np
 
 from emulator.engine import opkernels as k
-from emulator.engine.events import INF
+from emulator.engine.events import EV_OP_DONE, INF, at_event
 from emulator.engine.lookahead import block_bound
 from emulator.engine.netkernels import MAXX, SEND_ROOM
-from emulator.engine.ops import BLOCK, COMPUTE, SEND, Allocation, Op
+from emulator.engine.ops import BLOCK, COMPUTE, RECV, SEND, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
-from emulator.errors import OutOfMemoryError
+from emulator.errors import EmulatorError, OutOfMemoryError
 
 # the hot reads of the kernels' globals (a module attribute lookup less each)
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
-_G_SENT, _G_LOW = k.G_SENT, k.G_LOW
+_G_SENT, _G_LOW, _G_RDRAIN, _ST_RMISMATCH = k.G_SENT, k.G_LOW, k.G_RDRAIN, k.ST_RMISMATCH
 # the op kind of a kernel send stream's stand-in on the shard's stream (OpCore.launch_send): not one
 # of ops.py's kinds, never started, completed or counted by the Python rules
 KSENDS = 100
@@ -190,7 +190,8 @@ class OpCore:
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
-        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
+        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN,
+                    k.R_RPEND):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
         self.ranks = ranks  # rank index -> rank
@@ -281,10 +282,13 @@ class OpCore:
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
-        if g[_G_SENT] or g[_G_LOW]:
+        if g[_G_SENT] or g[_G_LOW] or g[_G_RDRAIN]:
             self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
-        return g[_G_STATUS]
+        status = g[_G_STATUS]
+        if status == _ST_RMISMATCH:
+            self._mismatch()
+        return status
 
     def _net_after(self) -> None:
         """After a call that sent: the message core's next event, and room for the next call's sends."""
@@ -295,6 +299,12 @@ class OpCore:
             core._ensure(0, 0, 0, 0, 0, int(core.st[MAXX]) + 2 + SEND_ROOM)
         g[_G_SENT] = 0
         core._read_top()
+        if g[_G_RDRAIN]:
+            # a sealed receive stream's last kernel receive completed at once inside the call (its
+            # dependents were gated): Python's ops behind it go on now, as right after it
+            slot, ri = g[_G_RDRAIN] - 1, g[k.G_RDRAIN_RI]
+            g[_G_RDRAIN] = 0
+            self.drained(self.shard.gpus[self.ranks[ri]], slot, g[k.G_RDRAIN_T], False)
 
     def _overflowed(self) -> None:
         g = self.gm
@@ -613,17 +623,7 @@ class OpCore:
                 return False
             self.send_desc[id(message)] = (message, d, gpu)
         if not ops:
-            # the stream's sends go to the kernels: their counters from the rank's (_start_send's)
-            key = (gpu.rank, name)
-            for e in self.slot_descs[key]:
-                self.kc[self.sd.item(e, k.SD_CTR)] = gpu.p2p_send.get(self._pair(e), 0)
-            stand_in = self.stand_ins[key] = Op(KSENDS, name, None, None, None, False)
-            stand_in.started = True
-            stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
-            stand_in.stream = stream
-            stand_in.gpu = gpu
-            ops.append(stand_in)
-            stream.last = stand_in
+            self._stand_in(gpu, stream)
         last = gpu.streams["compute"].last  # (the block just launched, or done)
         shard = self.shard
         k.launch_send(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
@@ -632,12 +632,100 @@ class OpCore:
             shard._suspend(gpu)
         return True
 
+    def _stand_in(self, gpu: VirtualGPU, stream) -> None:
+        """The stream's messages go to the kernels: its stand-in, the counters from the rank's."""
+        key = (gpu.rank, stream.name)
+        for e in self.slot_descs[key]:
+            self.kc[self.sd.item(e, k.SD_CTR)] = self._counts(gpu, e).get(self._pair(e), 0)
+        stand_in = self.stand_ins[key] = Op(KSENDS, stream.name, None, None, None, False)
+        stand_in.started = True
+        stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
+        stand_in.stream = stream
+        stand_in.gpu = gpu
+        stream.ops.append(stand_in)
+        stream.last = stand_in
+
+    def launch_recv(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline receive on stream ``name`` in the kernels, and the wait
+        of the block launched next for it (tape.py's phase 1, opkernels.R_RPEND): False (nothing
+        done) where the Python rules must take it - as for a send (launch_send), or the compute
+        stream's last op is not a block (a dependency the kernels do not hold), or has Python ops
+        depending on it (the kernels would start the receive before them), or the program asked
+        for waits. A ProgramError for a message of another size, as p2p.PointToPoint._start_recv."""
+        if gpu.pending_waits:
+            return False
+        compute = gpu.streams.get("compute")
+        last = compute.last if compute is not None else None
+        if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
+            return False
+        stream = gpu.streams.get(name)
+        if stream is None:
+            stream = gpu.stream(name)
+        ops = stream.ops
+        if ops:
+            stand_in = ops[0]
+            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+                return False
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, src, _, tag = message
+            d = self._descriptor(gpu, name, src, tag, True)
+            if d < 0:
+                return False
+            self.send_desc[id(message)] = (message, d, gpu)
+        if not ops:
+            self._stand_in(gpu, stream)
+        shard = self.shard
+        k.launch_recv(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def complete_recv(self, gpu: VirtualGPU, op: int, t: int) -> None:
+        """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete."""
+        k.complete_recv(*self.args, op, t)
+        status = self._after()
+        shard = self.shard
+        if status == _ST_LIMIT:
+            return
+        if status == k.ST_RESUME:
+            shard._maybe_resume(gpu)
+            return
+        # an instant op of the block it released stopped the kernels: as OpCore.stopped
+        self.instant_stop(gpu, status, t)
+        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
+    def recv_op(self, op: int) -> tuple:
+        """A kernel receive's rank and its Python op as the Python rules would have it (its name,
+        peer, bytes and tag: errors and deadlock reports)."""
+        src, tag = self._pair(self.ops.item(op, k.O_LOST))
+        size = self.ops.item(op, k.O_VAL)
+        gpu = self.shard.gpus[self.ranks[self.ops.item(op, k.O_RI)]]
+        return gpu, Op(RECV, f"recv(src={src}, tag={tag}, {size} B)", src, size, tag)
+
+    def _mismatch(self) -> None:
+        """ST_RMISMATCH: the receive's error (p2p.PointToPoint._check_recv)."""
+        g = self.gm
+        gpu, op = self.recv_op(g[k.G_RET_OP])
+        shard = self.shard
+        shard.now = g[k.G_RET_T]
+        shard._check_recv(gpu, op, op.a, g[k.G_RET_TSTART])
+        raise AssertionError("a receive's mismatch without one")
+
     def _pair(self, e: int) -> tuple:
         return self.sd.item(e, k.SD_DST), self.sd.item(e, k.SD_TAG)
 
-    def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int) -> int:
-        """The send descriptor of (rank, stream, destination, tag), new with its stream slot where
-        needed, or -1 when the rank's slots are taken."""
+    def _counts(self, gpu: VirtualGPU, e: int) -> dict:
+        """The rank's message counters of descriptor ``e``'s kind (p2p.PointToPoint's)."""
+        return gpu.p2p_recv if self.sd.item(e, k.SD_RECV) else gpu.p2p_send
+
+    def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int, recv: bool = False) -> int:
+        """The descriptor of a send (or ``recv``: a receive from ``dst``) of (rank, stream, peer,
+        tag), new with its stream slot where needed, or -1 when the rank's slots are taken."""
         d = self.desc_of.get((gpu.rank, name, dst, tag))
         if d is not None:
             return d
@@ -653,10 +741,9 @@ class OpCore:
         d = self.n_sd
         self.sd = _grown(self.sd, d + 1)
         self.kc = _grown(self.kc, d + 1)
-        self.sd[d] = (dst, tag, self.shard.core.rid(gpu.rank, dst), d, names.index(name))
-        stand_in = self.stand_ins.get((gpu.rank, name))
-        # (the counter as the rank has it: any send of this pair so far ran in Python)
-        self.kc[d] = gpu.p2p_send.get((dst, tag), 0) if stand_in is not None else 0
+        self.sd[d] = (dst, tag, 0 if recv else self.shard.core.rid(gpu.rank, dst), d, names.index(name), recv)
+        # (the counter as the rank has it: any message of this pair so far ran in Python)
+        self.kc[d] = self._counts(gpu, d).get((dst, tag), 0)
         self.n_sd = d + 1
         self.desc_of[(gpu.rank, name, dst, tag)] = d
         self.slot_descs[(gpu.rank, name)].append(d)
@@ -669,12 +756,12 @@ class OpCore:
     def _hand_back(self, gpu: VirtualGPU, name: str) -> Op:
         """The stream's sends are Python's again: the rank's counters take the kernels'."""
         stand_in = self.stand_ins.pop((gpu.rank, name))
-        sent = gpu.p2p_send
         for e in self.slot_descs[(gpu.rank, name)]:
             n = self.kc.item(self.sd.item(e, k.SD_CTR))
             pair = self._pair(e)
-            if n != sent.get(pair, 0):
-                sent[pair] = n
+            counts = self._counts(gpu, e)
+            if n != counts.get(pair, 0):
+                counts[pair] = n
         self.rs[gpu._ri, self._slot_base(gpu, name) + k.SS_SEAL] = 0
         return stand_in
 
@@ -695,9 +782,9 @@ class OpCore:
         self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_SEAL] = 1
 
     def show_sends(self) -> None:
-        """Before the streams are read for a deadlock report (Shard.blocked): a stand-in whose sends
-        are done goes, and one with sends left shows its head send as the Python op would be (its
-        name, whether it started, whether it waits for the compute stream). The run ends there."""
+        """Before the streams are read for a deadlock report (Shard.blocked): a stand-in whose
+        messages are done goes, and one with messages left shows its head as the Python op would be
+        (its name, whether it started, whether it waits for the compute stream). The run ends there."""
         for stand_in in list(self.stand_ins.values()):
             gpu, stream = stand_in.gpu, stand_in.stream
             head = self.rs.item(gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD)
@@ -705,23 +792,49 @@ class OpCore:
                 if not stand_in.d:
                     self.seal(gpu, stream)
                 continue
-            dst, tag = self._pair(self.ops.item(head, k.O_LOST))
-            size = self.ops.item(head, k.O_VAL)
-            op = Op(SEND, f"send(dst={dst}, tag={tag}, {size} B)", dst, size, tag)
+            if self.ops.item(head, k.O_KIND) == k.K_R:
+                op = self.recv_op(head)[1]
+            else:
+                dst, tag = self._pair(self.ops.item(head, k.O_LOST))
+                size = self.ops.item(head, k.O_VAL)
+                op = Op(SEND, f"send(dst={dst}, tag={tag}, {size} B)", dst, size, tag)
             op.stream, op.gpu = stream, gpu
             op.deps_left = self.ops.item(head, k.O_DEPS)
             op.started = self.ops.item(head, k.O_STATE) == k.S_STARTED
             op.t_start = self.ops.item(head, k.O_TSTART)
             stream.ops[0] = op
+        # a block whose first op waits for a kernel receive: its proxy (started, waiting for nothing
+        # of Python's) shows as the Python rules' would, waiting for the receive's stream
+        for ri, names in self.slot_names.items():
+            first = self.rs.item(ri, k.R_CHEAD)
+            if first < 0 or not self.ops.item(first, k.O_DEPS):
+                continue
+            gpu = self.shard.gpus[self.ranks[ri]]
+            compute = gpu.streams.get("compute")
+            proxy = compute.ops[0] if compute is not None and compute.ops else None
+            if proxy is None or proxy.kind != BLOCK or proxy.deps_left:
+                continue
+            for slot in range(len(names)):
+                op = self.rs.item(ri, k.R_SS0 + slot * k.SS_FIELDS + k.SS_HEAD)
+                while op >= 0:
+                    deps = [self.ops.item(op, k.O_DEP0 + j) for j in range(self.ops.item(op, k.O_NDEP))]
+                    if self.ops.item(op, k.O_KIND) == k.K_R and first in deps:
+                        proxy.deps_left = 1
+                    op = self.ops.item(op, k.O_NEXT)
 
     def send_drained(self) -> None:
         """The kernels stopped at the last send of a sealed stream (ST_SDRAIN): its stand-in
         completes as that send would in Shard._complete, its counts taken by the kernels."""
-        g = self.gm
         gpu, t = self.resumed()
+        self.drained(gpu, self.gm[k.G_SS], t)
+
+    def drained(self, gpu: VirtualGPU, slot: int, t: int, resume: bool = True) -> None:
+        """The last kernel op of the sealed stream of ``slot`` completed at ``t``: the stand-in goes
+        as that op would (its dependents, the stream's next ops; then the program's check, where
+        the kernels stopped before it: ``resume``)."""
         shard = self.shard
         shard.now = t
-        name = self.slot_names[gpu._ri][g[k.G_SS]]
+        name = self.slot_names[gpu._ri][slot]
         stand_in = self._hand_back(gpu, name)
         stand_in.done = True
         stand_in.t_end = t
@@ -739,7 +852,7 @@ class OpCore:
                         shard._try_start(gpu, s)
         if stream.ops:
             shard._try_start(gpu, stream)
-        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+        if resume and gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
     # -- events ---------------------------------------------------------------------------------
@@ -765,7 +878,12 @@ class OpCore:
         if status == k.ST_IBLOCK:
             proxy = self.proxies[gpu._ri]
             self._apply_memory(gpu, proxy)
-            shard._complete(gpu, proxy, t, start_next=False)
+            # a kernel receive it released that completed at once lets the next block's proxy start
+            # where the Python rules would: among the block's dependents, before the program's check
+            released = self.gm[k.G_PREL]
+            if released:
+                self.gm[k.G_PREL] = 0
+            shard._complete(gpu, proxy, t, start_next=released != 0)
             if proxy.stream.ops:
                 shard._try_start(gpu, proxy.stream)
         elif status == k.ST_OOM:
@@ -824,10 +942,17 @@ class OpCore:
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
-        if g[_G_SENT] or g[_G_LOW]:
+        if g[_G_SENT] or g[_G_LOW] or g[_G_RDRAIN]:
             self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
-        return g[_G_STATUS]
+        status = g[_G_STATUS]
+        if status == _ST_RMISMATCH:
+            try:
+                self._mismatch()
+            except EmulatorError as exc:  # at the compute completion the kernels stopped at
+                at_event(exc, (g[k.G_RET_T], EV_OP_DONE, self.ranks[g[k.G_RET_RI]]))
+                raise
+        return status
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
@@ -840,6 +965,7 @@ class OpCore:
             self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[_G_RET_TSTART]
+        g[k.G_PREL] = 0  # (its completion starts the compute stream's next op before the program's check)
         return gpu, proxy, g[_G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
@@ -897,6 +1023,10 @@ class OpCore:
                     waits = gpu.wait_ns.setdefault(name, {})
                     waits["compute"] = waits.get("compute", 0) + int(rs[ri, base + k.SS_WAIT])
                     rs[ri, base + k.SS_HIT] = rs[ri, base + k.SS_WAIT] = 0
+                if rs[ri, base + k.SS_CHIT]:  # the compute stream waited for this receive stream
+                    waits = gpu.wait_ns.setdefault("compute", {})
+                    waits[name] = waits.get(name, 0) + int(rs[ri, base + k.SS_CWAIT])
+                    rs[ri, base + k.SS_CHIT] = rs[ri, base + k.SS_CWAIT] = 0
         for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
             gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
             for hit, col, stream, by in _WAITS:
@@ -954,8 +1084,14 @@ def warm_up(net=None) -> None:
     if net is not None:  # a send to rank 1 through netcore.warm_up's core (``net``), and its completion
         core.net = net.table
         core.enable_sends()
-        core.sd[0] = (1, 0, net.rid(0, 1), 0, 0)
+        core.sd[0] = (1, 0, net.rid(0, 1), 0, 0, 0)
         core.rs[0, k.R_SS0 + k.SS_HEAD] = core.rs[0, k.R_SS0 + k.SS_TAIL] = core.rs[0, k.R_SS0 + k.SS_BLK] = -1
         core._pack()
         k.launch_send(*core.args, 0, 0, 1, 0, 0)
         k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+        # a receive from rank 1 that waits, completed as at its hand-over
+        base = k.R_SS0 + k.SS_FIELDS
+        core.sd[1] = (1, 0, 0, 1, 1, 1)
+        core.rs[0, base + k.SS_HEAD] = core.rs[0, base + k.SS_TAIL] = core.rs[0, base + k.SS_BLK] = -1
+        k.launch_recv(*core.args, 0, 1, 1, 0, 0)
+        k.complete_recv(*core.args, int(core.rs[0, base + k.SS_HEAD]), 0)

@@ -31,11 +31,15 @@ from emulator.engine.kernel_memory import prefetch_w as _prefetch_w
 from emulator.engine.kernel_memory import void_ptr as _void_ptr
 from emulator.engine.netkernels import (
     HEAP_N,
+    HT_FILL,
+    HT_MSG,
+    HT_RECV,
     MSG_N,
     OUT_N,
     PEND_N,
     SEND_KIND,
     T_HEAP,
+    T_HTK,
     T_MSG,
     T_OUTB,
     T_PEND,
@@ -49,6 +53,9 @@ from emulator.engine.netkernels import (
     X_PEER,
     X_RID,  # fmt: skip
     X_SIZE,
+    _ht_delete,
+    _ht_find,
+    _ht_insert,
     _inject,
     _set_top,
     _views,
@@ -69,11 +76,17 @@ R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
 # per stream slot its head and tail op, when its head began waiting for the compute stream (-1: not),
 # the ns it waited and whether it did (Shard._try_start's wait_ns[stream]["compute"]), and whether
 # Python queued ops behind its sends (sealed: the kernels stop when its last send completes, ST_SDRAIN)
-NSS = 4
-SS_HEAD, SS_TAIL, SS_BLK, SS_WAIT, SS_HIT, SS_SEAL = range(6)
-SS_FIELDS = 6
+# (receive streams too: SS_CWAIT / SS_CHIT, the ns the compute stream waited for one of its receives,
+# Shard._try_start's wait_ns["compute"][stream])
+NSS = 8
+SS_HEAD, SS_TAIL, SS_BLK, SS_WAIT, SS_HIT, SS_SEAL, SS_CWAIT, SS_CHIT = range(8)
+SS_FIELDS = 8
 R_SS0 = R_CAP + 1
-R_FIELDS = R_SS0 + NSS * SS_FIELDS
+# R_RPEND: a tape's receive that the block launched next waits for (-1: none; tape.py's phase 1);
+# R_CBY: what released the compute stream's head last (0: the tensor stream, 1 + slot: a receive)
+R_RPEND = R_SS0 + NSS * SS_FIELDS
+R_CBY = R_RPEND + 1
+R_FIELDS = R_CBY + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 # a compute-stream op's dependents are the tensor collectives launched after it before the next one
@@ -87,8 +100,11 @@ K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last tw
 # of ``sd``: (destination, tag, route id of the message core, counter, stream slot); its counter
 # ``kc[counter]`` is the rank's p2p_send count for (destination, tag)
 K_S = 4
-SD_DST, SD_TAG, SD_RID, SD_CTR, SD_SLOT = range(5)
-SD_FIELDS = 5
+# a pipeline receive (p2p.PointToPoint._start_recv): ``O_VAL`` its bytes, ``O_LOST`` its descriptor
+# (SD_DST its source, SD_RID unused), ``kc`` the rank's p2p_recv count for (source, tag)
+K_R = 5
+SD_DST, SD_TAG, SD_RID, SD_CTR, SD_SLOT, SD_RECV = range(6)
+SD_FIELDS = 6
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
 # plans
@@ -109,7 +125,14 @@ GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
 # stream slot of an ST_SDRAIN
 # G_NET: 1 when the message core's table is a real one (OpCore.attach_net; not in warm_up or the tests)
 G_SENT, G_LOW, G_SS, G_NET = 12, 13, 14, 15
-G_FIELDS = 16
+# G_RDRAIN: 1 + the slot of a sealed receive stream whose last kernel receive completed inside a
+# call (G_RDRAIN_RI its rank index): Python starts its ops behind it first (OpCore.drained)
+G_RDRAIN, G_RDRAIN_RI, G_RDRAIN_T = 16, 17, 18
+# G_PREL: a receive the block's end started completed at once and released the next block's first op
+# (its proxy would start among the ended block's dependents: OpCore.instant_stop starts it before the
+# program's check)
+G_PREL = 19
+G_FIELDS = 20
 # a kernel call starts at most MAX_DEPS + 1 sends outside the event loop, and an event as many: the
 # loop stops (ST_LIMIT, G_LOW) before an event with less room than NET_EVENT messages, and every call
 # leaves G_LOW when less than NET_LOW are left (OpCore grows the core's arrays before the next call)
@@ -131,6 +154,9 @@ ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # the last send of a sealed send stream completed (G_SS its slot): Python's ops behind it go on
 ST_SDRAIN = 8
+# a receive met a message of another size when it started (G_RET_RI, G_RET_OP, G_RET_T; G_RET_TSTART
+# the message's bytes): Python raises the receive's error (p2p.PointToPoint._check_recv)
+ST_RMISMATCH = 9
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -383,8 +409,14 @@ def _try_c(P, ri, t):
                 rs[ri, R_CBLK] = t
             return ST_LIMIT
         if rs[ri, R_CBLK] >= 0:
-            rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
-            rs[ri, R_WCT_HIT] = 1
+            by = rs[ri, R_CBY]
+            if by:  # a block's first op, released by a tape's receive (_recv_done)
+                base = R_SS0 + (by - 1) * SS_FIELDS
+                rs[ri, base + SS_CWAIT] += t - rs[ri, R_CBLK]
+                rs[ri, base + SS_CHIT] = 1
+            else:
+                rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream
+                rs[ri, R_WCT_HIT] = 1
             rs[ri, R_CBLK] = -1
         if ops[op, O_KIND] == K_C:
             _start_at(P, ri, op, t)
@@ -422,9 +454,9 @@ def _instant(P, ri, op, t):
         rs[ri, R_CTAIL] = -1
     if ops[op, O_LAST]:
         # the block's last op: the shard completes its proxy (counters, dependents, the program);
-        # kernel sends first
-        if ops[op, O_NDEP]:
-            _release_sends(P, ri, op, t)
+        # kernel sends and receives first
+        if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
+            return ST_RMISMATCH
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_OP] = op
@@ -504,6 +536,11 @@ def _begin_block(P, ri, b):
     rs[ri, R_BPOS] = 1
     rs[ri, R_PEND] = -1
     rs[ri, R_NWAIT] = 0
+    recv = rs[ri, R_RPEND]
+    if recv >= 0:  # (tape.py's phase 1: the proxy's wait for the step's receive, Op.wait on "compute")
+        rs[ri, R_RPEND] = -1
+        if ops[recv, O_STATE] != S_DONE:
+            _add_dep(ops, g, op, recv)
     g[G_RET_OP] = op
 
 
@@ -620,9 +657,9 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
             rs[ri, R_TTAIL] = -1
     if ops[op, O_LAST]:
         # the block's last compute op: the shard completes its proxy (counters, dependents, the
-        # compute stream's next op, the program) with this op's figures; kernel sends first
-        if ops[op, O_NDEP]:
-            _release_sends(P, ri, op, t)
+        # compute stream's next op, the program) with this op's figures; kernel sends and receives first
+        if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
+            return ST_RMISMATCH
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_TSTART] = ops[op, O_TSTART]
@@ -644,6 +681,7 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
         if ops[dep, O_DEPS] == 0:
             if ops[dep, O_KIND] == K_C:
                 # a compute op (alloc and free have no dependencies): it starts, no instant op runs
+                rs[ri, R_CBY] = 0
                 if rs[ri, R_CHEAD] == dep:
                     _try_c(P, ri, t)
             elif rs[ri, R_THEAD] == dep:
@@ -678,6 +716,7 @@ def _net_room(P):
     room = pn[3 * T_HEAP + 1] - st[HEAP_N]
     room = min(room, pn[3 * T_MSG + 1] - st[MSG_N])
     room = min(room, pn[3 * T_OUTB + 1] - st[OUT_N])
+    room = min(room, pn[3 * T_HTK + 1] // 2 - st[HT_FILL])  # (a receive that waits takes a row)
     return min(room, pn[3 * T_PEND + 1] - st[PEND_N])
 
 
@@ -738,23 +777,163 @@ def _try_s(P, ri, base, t):
 
 
 @njit(cache=True)
+def _try_r(P, ri, base, t):
+    """Shard._try_start on a kernel receive stream: its head receive starts when its dependency (the
+    compute stream's block) is done - p2p.PointToPoint._start_recv with the message core's rules
+    (netkernels.start_receive): a message in the mailbox completes it at its delivery (an event of
+    this heap, or at once: then the loop goes on), else it waits in the core's table for the
+    hand-over (netkernels._handover completes it: RECV_DONE, then complete_recv). ST_RMISMATCH
+    for a message of another size; a completion at once releases only gated ops (its block's
+    first op: the proxy starts later), so it makes no other status."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    kc = _i1(P, A_KC)
+    g = _i1(P, A_G)
+    while True:
+        op = rs[ri, base + SS_HEAD]
+        if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+            return ST_LIMIT
+        if ops[op, O_DEPS]:
+            if rs[ri, base + SS_BLK] < 0:
+                rs[ri, base + SS_BLK] = t
+            return ST_LIMIT
+        if rs[ri, base + SS_BLK] >= 0:
+            rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
+            rs[ri, base + SS_HIT] = 1
+            rs[ri, base + SS_BLK] = -1
+        ops[op, O_STATE] = S_STARTED
+        ops[op, O_TSTART] = t
+        d = ops[op, O_LOST]
+        c = sd[d, SD_CTR]
+        k = kc[c]
+        kc[c] = k + 1
+        rank = rs[ri, R_RANK]
+        src, tag, size = sd[d, SD_DST], sd[d, SD_TAG], ops[op, O_VAL]
+        pn = _net(P)
+        (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+         tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, px) = _views(pn)  # fmt: skip
+        i = _ht_find(htk, hts, HT_MSG, rank, 0, tag, 0, src, k)
+        if i < 0:
+            j = _ht_insert(htk, hts, st, HT_RECV, rank, 0, tag, 0, src, k)
+            htv[j, 0] = -2 - op  # (a kernel receive: netcore's ids are >= 0)
+            htv[j, 1] = size
+            htv[j, 2] = t
+            return ST_LIMIT
+        delivery, got = htv[i, 0], htv[i, 1]
+        _ht_delete(htk, htv, hts, st, i)
+        if got != size:
+            g[G_RET_RI] = ri
+            g[G_RET_OP] = op
+            g[G_RET_T] = t
+            g[G_RET_TSTART] = got
+            return ST_RMISMATCH
+        if delivery > t:
+            heap_o = _i2(P, A_HEAP, 3)
+            seq = rs[ri, R_SEQ] + 1
+            rs[ri, R_SEQ] = seq
+            _push(heap_o, g, delivery, rank, seq, op)
+            return ST_LIMIT
+        dep = _recv_done(P, ri, op, t)
+        if dep >= 0 and not ops[dep, O_GATE]:
+            g[G_ERR] = 5  # a receive at once released more than a gated op (an engine bug)
+            return ST_LIMIT
+        if dep != -1:
+            g[G_PREL] = 1
+
+
+@njit(cache=True)
+def _recv_done(P, ri, op, t):
+    """Shard._complete of a kernel receive up to its stream's next op: its counts, its dependents
+    (the block it was launched for: its first op, whose release names the receive's stream, R_CBY);
+    returns that op when it is released at the compute stream's head (the caller starts it with
+    _try_c: not called here, numba's cache cannot load mutually recursive kernels and _try_c reaches
+    _try_r), -2 when the block launched for it has not begun (its proxy waited for it alone), else
+    -1. A sealed stream left empty: G_RDRAIN (Python's ops behind it first)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    ops[op, O_STATE] = S_DONE
+    start = -1
+    if rs[ri, R_RPEND] == op:
+        rs[ri, R_RPEND] = -1
+        if rs[ri, R_BEGIN] >= 0:
+            start = -2  # the block launched for it is not begun yet: its proxy waited for it alone
+    slot = sd[ops[op, O_LOST], SD_SLOT]
+    base = R_SS0 + slot * SS_FIELDS
+    nxt = ops[op, O_NEXT]
+    rs[ri, base + SS_HEAD] = nxt
+    if nxt < 0:
+        rs[ri, base + SS_TAIL] = -1
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    for k in range(ops[op, O_NDEP]):
+        dep = ops[op, O_DEP0 + k]
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0:
+            rs[ri, R_CBY] = 1 + slot
+            if rs[ri, R_CHEAD] == dep:
+                start = dep
+    ops[op, O_NDEP] = 0
+    if nxt < 0 and rs[ri, base + SS_SEAL]:
+        g[G_RDRAIN] = 1 + slot
+        g[G_RDRAIN_RI] = ri
+        g[G_RDRAIN_T] = t
+    return start
+
+
+@njit(cache=True)
+def _recv_rest(P, ri, op, t, status):
+    """The rest of a kernel receive's completion after its dependents (``status``: theirs): its
+    stream's next ops (the Python rules would start them after the dependents' own rules, which
+    only an instant op's stop leaves to Python: the next receive waits for a later block), then the
+    program's check (ST_RESUME), unless Python goes on with ``status``."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    base = R_SS0 + sd[_i2(P, A_OPS, O_FIELDS)[op, O_LOST], SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_HEAD] >= 0:
+        st2 = _try_r(P, ri, base, t)
+        if st2 != ST_LIMIT:
+            return st2
+    if status != ST_LIMIT:
+        return status
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True)
 def _release_sends(P, ri, op, t):
     """The block's last op ``op`` is done: the sends launched after it (its dependents) go on, as
     the dependents of its proxy would (Shard._complete: before the shard's own rules for the proxy)."""
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
     n = ops[op, O_NDEP]
     for k in range(n):
         dep = ops[op, O_DEP0 + k]
-        if ops[dep, O_KIND] != K_S:
+        kind = ops[dep, O_KIND]
+        if kind != K_S and kind != K_R:
             continue
         ops[dep, O_DEPS] -= 1
         if ops[dep, O_DEPS] == 0:
             base = R_SS0 + sd[ops[dep, O_LOST], SD_SLOT] * SS_FIELDS
             if rs[ri, base + SS_HEAD] == dep:
-                _try_s(P, ri, base, t)
+                if kind == K_S:
+                    _try_s(P, ri, base, t)
+                elif _try_r(P, ri, base, t) == ST_RMISMATCH:
+                    g[G_STATUS] = ST_RMISMATCH
+                    return ST_RMISMATCH
     ops[op, O_NDEP] = 0
+    return ST_LIMIT
 
 
 @njit(cache=True)
@@ -849,11 +1028,21 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
             if n > 2:
                 _prefetch_row(ops, heap[2, 2])
         g[G_EVENTS] += 1
-        if ops[op, O_KIND] == K_S:
+        kind = ops[op, O_KIND]
+        if kind == K_S:
             status = _complete_send(P, ops[op, O_RI], op, t)
+        elif kind == K_R:  # a receive whose message was in the mailbox, delivered now
+            ri = ops[op, O_RI]
+            status = ST_LIMIT
+            if _recv_done(P, ri, op, t) >= 0:
+                status = _try_c(P, ri, t)
+            status = _recv_rest(P, ri, op, t, status)
         else:
             status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
         if g[G_ERR]:
+            return
+        if g[G_RDRAIN]:  # Python's ops behind a receive stream first (OpCore._net_after), then the status
+            g[G_STATUS] = status
             return
         if g[G_SENT]:
             # a hand-over pushed in the message core's heap may precede the limit: the loop stops before it
@@ -989,6 +1178,56 @@ def cont(ib, gb, fb, tf, free, net, ri, t):
 def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
     P = _packed(ib, gb, fb, tf, free, net)
     _run_at(P, lt, lk, lr, lo, ls, horizon)
+    _note_room(P)
+
+
+@njit(cache=True)
+def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """Shard.launch of a tape's pipeline receive (descriptor ``d``) on its stream slot, after the
+    compute stream's last op when ``dep`` (a block, not done: its last op); the block launched next
+    waits for it (R_RPEND). Status ST_LIMIT, or ST_RMISMATCH."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    op = _new_op(rs, ops, g, ri, K_R, size)
+    ops[op, O_LOST] = d
+    if dep:
+        last = rs[ri, R_CTAIL]
+        if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
+            g[G_ERR] = 4
+        else:
+            _add_dep(ops, g, op, last)
+    base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_TAIL] >= 0:
+        ops[rs[ri, base + SS_TAIL], O_NEXT] = op
+    else:
+        rs[ri, base + SS_HEAD] = op
+    rs[ri, base + SS_TAIL] = op
+    rs[ri, R_OUT] += 1
+    rs[ri, R_RPEND] = op
+    status = ST_LIMIT
+    if rs[ri, base + SS_HEAD] == op:
+        status = _try_r(P, ri, base, now)
+    g[G_STATUS] = status
+    _note_room(P)
+
+
+@njit(cache=True)
+def complete_recv(ib, gb, fb, tf, free, net, op, t):
+    """A kernel receive completes at its hand-over's event (the message core's RECV_DONE): as
+    Shard._complete; the status of _recv_rest (an instant op's, ST_RESUME, ST_LIMIT)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
+    ri = ops[op, O_RI]
+    g[G_RET_RI] = ri
+    g[G_RET_T] = t
+    status = ST_LIMIT
+    if _recv_done(P, ri, op, t) >= 0:
+        status = _try_c(P, ri, t)
+    g[G_STATUS] = _recv_rest(P, ri, op, t, status)
     _note_room(P)
 
 

@@ -139,7 +139,20 @@ class PointToPoint:
         size at its hand-over; errors carry the key of the event that the Python path raises at."""
         st = self.core.st
         t = int(st[RET_T])
-        gpu, op = self.core.recvs.pop(int(st[RET_RUN]))
+        run = int(st[RET_RUN])
+        if run < -1:  # a tape's receive in the per-op engine's kernels (opcore.OpCore.launch_recv)
+            gpu, op = self.ops_core.recv_op(-2 - run)
+            self.now = t
+            try:
+                if status == RECV_DONE:
+                    self.ops_core.complete_recv(gpu, -2 - run, t)
+                    return
+                self._check_recv(gpu, op, int(st[RET_PEER]), int(st[RET_SIG_LO]))
+                raise AssertionError("a receive's mismatch without one")
+            except EmulatorError as exc:
+                at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, gpu.rank))
+                raise
+        gpu, op = self.core.recvs.pop(run)
         assert gpu.rank == int(st[RET_RANK])
         self.now = t
         try:

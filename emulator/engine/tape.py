@@ -93,15 +93,18 @@ class Tape:
             if phase == 0:
                 phase = 1
                 if recv is not None:
-                    op = self.op = Op(*recv[0])
-                    launch(gpu, op, recv[1], True)
+                    if kernel_sends and core.launch_recv(gpu, recv[0], recv[1]):
+                        self.op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
+                    else:
+                        self.op = Op(*recv[0])
+                        launch(gpu, self.op, recv[1], True)
                     if gpu.suspended:
                         self.i, self.phase = i, phase
                         return False
             if phase == 1:
                 phase = 2
-                if recv is not None:
-                    op = self.op
+                op = self.op
+                if op is not None:
                     self.op = None
                     if not op.done:  # (Op.wait on "compute")
                         waits = gpu.pending_waits

@@ -57,22 +57,30 @@ def taped(monkeypatch):
 
 @pytest.fixture
 def kernel_sent(monkeypatch):
-    """How many of the tapes' sends the kernels took (OpCore.launch_send), and how many stand-ins
-    Python sealed with sends in flight and the kernels handed back (send_drained)."""
-    counts = {"sent": 0, "drained": 0}
-    launch_send, drained = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.send_drained
+    """How many of the tapes' sends and receives the kernels took (OpCore.launch_send,
+    launch_recv), and how many stand-ins Python sealed with messages in flight and the kernels
+    handed back (OpCore.drained)."""
+    counts = {"sent": 0, "received": 0, "drained": 0}
+    launch_send, launch_recv = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.launch_recv
+    drained = engine_opcore.OpCore.drained
 
     def counting(self, gpu, message, name):
         took = launch_send(self, gpu, message, name)
         counts["sent"] += took
         return took
 
-    def counting_drained(self):
+    def counting_recv(self, gpu, message, name):
+        took = launch_recv(self, gpu, message, name)
+        counts["received"] += took
+        return took
+
+    def counting_drained(self, *args):
         counts["drained"] += 1
-        return drained(self)
+        return drained(self, *args)
 
     monkeypatch.setattr(engine_opcore.OpCore, "launch_send", counting)
-    monkeypatch.setattr(engine_opcore.OpCore, "send_drained", counting_drained)
+    monkeypatch.setattr(engine_opcore.OpCore, "launch_recv", counting_recv)
+    monkeypatch.setattr(engine_opcore.OpCore, "drained", counting_drained)
     return counts
 
 
@@ -119,11 +127,11 @@ def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
         took += taped[0] > before
         assert on == _run(base, overrides, False, monkeypatch), (base, overrides)
         if kernel_sent is not None:
-            before = kernel_sent["sent"]
+            before = kernel_sent["sent"], kernel_sent["received"]
             assert on == _run(base, overrides, "kernel", monkeypatch), (base, overrides, "kernel")
-            sent += kernel_sent["sent"] > before
+            sent += kernel_sent["sent"] > before[0] and kernel_sent["received"] > before[1]
     assert took, "no case ran a tape"
-    assert kernel_sent is None or sent, "no case sent from the kernels"
+    assert kernel_sent is None or sent, "no case sent and received in the kernels"
 
 
 @pytest.mark.parametrize("seed", range(2))
