@@ -176,7 +176,7 @@ def test_several_shards(shards, taped, kernel_sent, monkeypatch):
 
 
 @pytest.mark.parametrize("virtual", [1, 2])
-def test_a_receive_of_another_size_fails_alike(virtual, taped, monkeypatch):
+def test_a_receive_of_another_size_fails_alike(virtual, taped, kernel_sent, monkeypatch):
     """A pipeline send one byte longer than its receive (rank 16's, patched in): the same
     ProgramError, at the same event, from a tape and from the program."""
     prepare = engine_api.GPU.prepare_p2p
@@ -192,6 +192,8 @@ def test_a_receive_of_another_size_fails_alike(virtual, taped, monkeypatch):
     assert taped[0] > 0
     assert on[0] == "ProgramError" and "sizes must be equal" in on[1], on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+    # the receive in the kernels: met at its hand-over or in the mailbox when it starts (OpCore._mismatch)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["received"]
 
 
 def test_shortened_reference_run(taped, monkeypatch):
