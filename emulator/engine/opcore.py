@@ -651,7 +651,8 @@ class OpCore:
         done) where the Python rules must take it - as for a send (launch_send), or the compute
         stream's last op is not a block (a dependency the kernels do not hold), or has Python ops
         depending on it (the kernels would start the receive before them), or the program asked
-        for waits, or the run has several shards. A ProgramError for a message of another size, as p2p.PointToPoint._start_recv."""
+        for waits, or the run has several shards. A ProgramError for a message of another size, as
+        p2p.PointToPoint._start_recv."""
         if gpu.pending_waits or self.shard.shards > 1:
             # (several shards: the lookahead's least delay of the block after it, Shard.launch's
             # ``dl``, counts the receive it waits for in Python: kept there)

@@ -18,6 +18,12 @@ for the overlapped one), ``I_A`` / ``I_F`` (alloc / free of ``value`` bytes, fla
 in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with their ports
 ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``;
 ``gr`` the open call of each tensor group whose members arrive one by one (GR_*).
+
+A tape's pipeline sends and receives (tape.py, OpCore.launch_send / launch_recv) are ops of the same
+ring (K_S, K_R) on per-rank stream slots (``rs[ri, R_SS0 + slot * SS_FIELDS + SS_*]``), described
+by ``sd`` rows (peer, tag, route, counter, slot, receive?) with the rank's message counters ``kc``:
+the rules of p2p.py (``_start_send``, ``_start_recv``) over the message core's arrays (netkernels'
+table, ``A_NET``), their completions events of this heap with the rank's ``seq``.
 """
 
 from __future__ import annotations

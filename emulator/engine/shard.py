@@ -44,6 +44,7 @@ from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
 from emulator.engine.tape import enabled as tape_enabled
+from emulator.engine.tape import kernel_receives as tape_kernel_receives
 from emulator.engine.tape import kernel_sends as tape_kernel_sends
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
@@ -134,6 +135,8 @@ class Shard(PointToPoint, CollectiveExecution):
         # a tape's pipeline sends to ranks of this shard run in the kernels (OpCore.launch_send); one
         # to another shard stays a Python op, which the lookahead reads (lookahead.py: cross_queued)
         self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends()
+        # and its receives, on one shard (OpCore.launch_recv)
+        self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives()
         if self.kernel_sends:
             self.ops_core.enable_sends()
 

@@ -26,13 +26,19 @@ A tape's sends to ranks of its own shard run in the kernels (one to another shar
 op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op
 of the kernels' ring on its stream's slot, after the block's last op, whose completion starts it in
 the kernels (netkernels' injection; its completion an event of the kernels' heap keyed from the
-rank's counter, as p2p.PointToPoint._start_send would push it), so a step's send takes no Python
-after its launch. The shard's stream holds one stand-in op meanwhile; Python hands the stream back
-where it launches on it or waits for every stream (OpCore.seal, send_drained).
+rank's counter, as p2p.PointToPoint._start_send would push it). On one shard, with
+``EMULATOR_TAPE=kernel``, a tape's receives do too (OpCore.launch_recv): released by the previous
+block's last op, matched in the message core's table by start_receive's rules (a message in the
+mailbox completes it at once or at its delivery, in the kernels; one still to come completes it at
+its hand-over, RECV_DONE, one kernel call), and the next block's first op waits for it in the
+kernels (its proxy then waits for nothing of Python's). So a step's send and receive take no Python
+after their launch but that one call. The shard's streams hold one stand-in op meanwhile; Python
+hands a stream back where it launches on it or waits for every stream (OpCore.seal, drained).
 
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
-``EMULATOR_TAPE=python`` keeps a tape's sends in Python (the specification of the kernel sends):
-tests/emulator/engine/test_tape.py compares whole runs the three ways, bit for bit. Each shard reads its
+``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
+``sends`` (the default) runs its sends in the kernels, ``kernel`` its sends and receives:
+tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. Each shard reads its
 own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
 compares with ``engine.op_engine=python``, which takes no tapes, instead).
@@ -46,15 +52,27 @@ from emulator.engine.opkernels import ST_SUSPEND
 from emulator.engine.ops import Op
 
 
+def _mode() -> str:
+    return os.environ.get("EMULATOR_TAPE", "sends")
+
+
 def enabled() -> bool:
     """Whether shards run tapes (read once per shard)."""
-    return os.environ.get("EMULATOR_TAPE", "kernel") != "0"
+    return _mode() != "0"
 
 
 def kernel_sends() -> bool:
-    """Whether a tape's pipeline sends run in the kernels (the default, ``EMULATOR_TAPE=kernel``; a
-    tape in Python with ``EMULATOR_TAPE=python``, or ``1``; read once per shard)."""
-    return os.environ.get("EMULATOR_TAPE", "kernel") == "kernel"
+    """Whether a tape's pipeline sends run in the kernels: the default (``EMULATOR_TAPE=sends``),
+    and with its receives too (``kernel``); a tape in Python with ``python`` (or ``1``). Read once
+    per shard."""
+    return _mode() in ("sends", "kernel")
+
+
+def kernel_receives() -> bool:
+    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``; not yet
+    the default: tests/emulator/engine/test_netcore_p2p.py observes receive completions where the
+    Python rules push them, Shard._push, which a kernel receive's mailbox hit does not take)."""
+    return _mode() == "kernel"
 
 
 class Tape:
@@ -88,12 +106,13 @@ class Tape:
         n = len(steps)
         launch = shard.launch
         kernel_sends = shard.kernel_sends
+        kernel_receives = shard.kernel_receives
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
-                    if kernel_sends and core.launch_recv(gpu, recv[0], recv[1]):
+                    if kernel_receives and core.launch_recv(gpu, recv[0], recv[1]):
                         self.op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
                     else:
                         self.op = Op(*recv[0])

@@ -85,7 +85,8 @@ def kernel_sent(monkeypatch):
 
 
 def _run(base: str, overrides: list[str], tape: bool | str, monkeypatch, shards: int = 1):
-    """``tape``: True (tapes in Python), "kernel" (their sends in the kernels: tape.kernel_sends) or False."""
+    """``tape``: True (tapes in Python), "sends" (their sends in the kernels: tape.kernel_sends, the
+    default), "kernel" (their receives too: tape.kernel_receives) or False."""
     monkeypatch.setenv("EMULATOR_TAPE", tape if isinstance(tape, str) else "python" if tape else "0")
     config = load_run(CONFIGS / "runs" / f"{base}.yaml", overrides)
     try:
@@ -160,6 +161,7 @@ def test_suspensions_and_schedules(ahead, schedule, taped, kernel_sent, monkeypa
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
     assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["sent"]
+    assert on == _run("megatron-175b-64gpu", args, "sends", monkeypatch)
 
 
 @pytest.mark.parametrize("shards", [2, 3])
@@ -366,3 +368,4 @@ def test_python_sends_behind_kernel_sends(taped, kernel_sent, monkeypatch):
     on = _run("llama3-8b-64gpu", args, True, monkeypatch)
     assert on == _run("llama3-8b-64gpu", args, "kernel", monkeypatch)
     assert kernel_sent["sent"] and kernel_sent["drained"], kernel_sent
+    assert on == _run("llama3-8b-64gpu", args, "sends", monkeypatch)
