@@ -194,8 +194,8 @@ class NetCore:
         return float(times.min()) if len(times) else INF
 
     def top_key(self) -> tuple:
-        st = self.st
-        return int(st[TOP_T]), int(st[TOP_KIND]), int(st[TOP_RANK]), int(st[TOP_ORIGIN]), int(st[TOP_SEQ])
+        st = self.stv  # (Python ints from the memoryview: the shard's loop compares these keys often)
+        return st[TOP_T], st[TOP_KIND], st[TOP_RANK], st[TOP_ORIGIN], st[TOP_SEQ]
 
     # -- routes -------------------------------------------------------------------------------
     def rid(self, src: int, dst: int) -> int:

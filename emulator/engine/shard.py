@@ -36,7 +36,7 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
+from emulator.engine.opkernels import R_OUT, R_SEQ, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
@@ -129,6 +129,12 @@ class Shard(PointToPoint, CollectiveExecution):
         # take its blocks; rank -> its tape while one runs
         self.tapes_on = self.ops_core is not None and tape_enabled()
         self.tapes: dict[int, Tape] = {}
+        if self.ops_core is not None:
+            # its GPUs are CompiledGPUs: the variants of the hot rules that read and write their
+            # shared counters in the kernels' rows directly, not through the properties (the same
+            # rules: test_opcore.py and test_tape.py compare with the Python path)
+            self._complete = self._complete_compiled
+            self._push = self._push_compiled
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -375,6 +381,62 @@ class Shard(PointToPoint, CollectiveExecution):
         if outstanding >= self.max_ahead and not gpu.suspended:
             self._suspend(gpu)
 
+    def launch_p2p(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
+        """:meth:`launch` of a send or receive (``comm``, not ``after_all``) on a stream other than
+        ``compute``, on a CompiledGPU: its rules for those kinds only (a tape's receives and sends,
+        tape.py)."""
+        streams = gpu.streams
+        stream = streams.get(stream_name)
+        if stream is None:
+            stream = gpu.stream(stream_name)
+        op.stream = stream
+        op.gpu = gpu
+        deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
+        compute = streams.get("compute")
+        if compute is not None:
+            clast = compute.last
+            if clast is not None:
+                if deps is None:
+                    deps = [clast]
+                else:
+                    deps.append(clast)
+        else:
+            clast = None
+        left = 0
+        last = stream.last
+        delay = last.dl if last is not None and not last.done else INF
+        if deps:
+            for dep in deps:
+                if not dep.done:
+                    left += 1
+                    if dep.dl < delay:
+                        delay = dep.dl
+                    if dep.dependents is None:
+                        dep.dependents = [op]
+                    else:
+                        dep.dependents.append(op)
+        op.deps_left = left
+        kind = op.kind
+        op.dl = 0 if kind == RECV else delay
+        op.cum = stream.launched_ns
+        if op.cross or (kind == SEND and self.rank_shard[op.a] != self.index):
+            if kind == SEND:
+                op.cross = (self.rank_shard[op.a],)
+            op.ds = delay
+            op.cdep = clast if clast is not None and not clast.done else None
+            gpu.cross_queued.append(op)
+        ops = stream.ops
+        ops.append(op)
+        stream.last = op
+        mv = gpu._mv
+        outstanding = mv[R_OUT] + 1
+        mv[R_OUT] = outstanding
+        if len(ops) == 1:
+            self._try_start(gpu, stream)
+            outstanding = mv[R_OUT]
+        if outstanding >= self.max_ahead and not gpu._susp:
+            self._suspend(gpu)
+
     def _try_start(self, gpu: VirtualGPU, stream) -> None:
         ops = stream.ops
         while ops:
@@ -386,9 +448,16 @@ class Shard(PointToPoint, CollectiveExecution):
                 if stream.blocked_since < 0:
                     stream.blocked_since = t
                 return
-            if stream.blocked_since >= 0:
-                waits = gpu.wait_ns.setdefault(stream.name, {})
-                waits[stream.unblocked_by] = waits.get(stream.unblocked_by, 0) + t - stream.blocked_since
+            since = stream.blocked_since
+            if since >= 0:
+                # (no setdefault: it would build an empty dict every time; the pipeline streams'
+                # ops mostly start blocked)
+                wait_ns = gpu.wait_ns
+                waits = wait_ns.get(stream.name)
+                if waits is None:
+                    waits = wait_ns[stream.name] = {}
+                by = stream.unblocked_by
+                waits[by] = waits.get(by, 0) + t - since
                 stream.blocked_since = -1
             op.started = True
             op.t_start = t
@@ -404,20 +473,22 @@ class Shard(PointToPoint, CollectiveExecution):
                 seq = gpu.seq = gpu.seq + 1  # _push, inline: half of all events are compute completions
                 heapq.heappush(self.heap, (t + duration, EV_OP_DONE, gpu.rank, gpu.rank, seq, op))
                 return
-            if kind == COLL:
-                if op.cross:
-                    self.cross_runs[gpu.rank] = self.cross_runs.get(gpu.rank, 0) + 1
-                self._start_collective(gpu, op, t)
-                return
-            if kind == SEND:
-                self._start_send(gpu, op, t)
+            # (the kinds in the order of their frequency where the per-op engine runs: a tape's
+            # block proxy, its receive, its send)
+            if kind == BLOCK:  # a compiled block's proxy: its first op starts (opcore.py)
+                self.ops_core.start_block(gpu, op, t)
                 return
             if kind == RECV:
                 if self._start_recv(gpu, op, t):
                     return
                 continue  # completed at once: go on with the stream
-            if kind == BLOCK:  # a compiled block's proxy: its first op starts (opcore.py)
-                self.ops_core.start_block(gpu, op, t)
+            if kind == SEND:
+                self._start_send(gpu, op, t)
+                return
+            if kind == COLL:
+                if op.cross:
+                    self.cross_runs[gpu.rank] = self.cross_runs.get(gpu.rank, 0) + 1
+                self._start_collective(gpu, op, t)
                 return
             self._instant(gpu, op, t)
             self._complete(gpu, op, t, start_next=False)
@@ -485,6 +556,60 @@ class Shard(PointToPoint, CollectiveExecution):
     def _push(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
         seq = gpu.seq = gpu.seq + 1
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
+
+    def _push_compiled(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
+        """:meth:`_push` for a CompiledGPU (its ``seq`` in the kernels' row)."""
+        mv = gpu._mv
+        seq = mv[R_SEQ] + 1
+        mv[R_SEQ] = seq
+        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
+
+    def _complete_compiled(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
+        """:meth:`_complete` for a CompiledGPU, line for line: ``outstanding`` and ``flops_done`` in
+        the kernels' arrays, ``suspended`` and ``sync_op`` as CompiledGPU's own fields (what its
+        properties read), without a property call each; every op of a shard that runs the compiled
+        per-op engine completes here (a tape's receives, sends and block proxies most of all)."""
+        op.done = True
+        op.t_end = t
+        stream = op.stream
+        stream.ops.popleft()
+        mv = gpu._mv
+        mv[R_OUT] -= 1
+        gpu.ops_done += 1
+        if t > gpu.last_time:
+            gpu.last_time = t
+        kind = op.kind
+        if kind == RECV or kind == SEND or kind == COLL:
+            gpu.comm_ns += t - op.t_start
+            if op.cross and kind == COLL:
+                left = self.cross_runs.pop(gpu.rank) - 1
+                if left:
+                    self.cross_runs[gpu.rank] = left
+        elif kind == COMPUTE:
+            gpu.compute_ns += t - op.t_start
+            if op.c is not None:
+                self.compute_lost_ns[gpu.rank] = self.compute_lost_ns.get(gpu.rank, 0) + t - op.t_start - op.c
+            gpu._fmv[gpu._ri] += op.b  # (flops_done)
+            stream.done_ns += op.a
+        elif kind == BLOCK:  # a compiled block that ended with an alloc or free (opcore.py)
+            stream.done_ns += op.a
+        if gpu.trace is not None:
+            gpu.trace.append((stream.name, op.describe(), kind, op.t_start, t))
+        dependents = op.dependents
+        if dependents is not None:
+            op.dependents = None
+            for dep in dependents:
+                left = dep.deps_left - 1
+                dep.deps_left = left
+                if left == 0:
+                    s = dep.stream
+                    s.unblocked_by = stream.name
+                    if s.ops and s.ops[0] is dep:
+                        self._try_start(gpu, s)
+        if start_next and stream.ops:
+            self._try_start(gpu, stream)
+        if gpu._susp and (gpu._sync is not None or mv[R_OUT] <= self.max_ahead >> 1):
+            self._maybe_resume(gpu)
 
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
@@ -559,21 +684,27 @@ class Shard(PointToPoint, CollectiveExecution):
         try:
             while True:
                 ot, ct = ops.top, core.top
-                ht = heap[0][0] if heap else INF
+                if heap:
+                    top = heap[0]
+                    ht = top[0]
+                else:
+                    top = None
+                    ht = INF
+                # (a heap's whole key is built and compared only where the times tie)
                 if ot < horizon and ot <= ct and ot <= ht:
                     # the least key of the other two heaps: the kernels stop before it
-                    limit = heap[0][:5] if heap else None
+                    limit = top[:5] if top is not None else None
                     if ct < INF and (limit is None or ct <= ht):
                         ck = core.top_key()
                         if limit is None or ck < limit:
                             limit = ck
-                    if limit is None or ops.top_key() < limit:
+                    if limit is None or ot < limit[0] or ops.top_key() < limit:
                         self._run_ops(limit, core_horizon)
                         continue
                 if ct < horizon:
-                    if not heap or ct < ht or (ct == ht and core.top_key() < heap[0][:5]):
-                        limit = heap[0][:5] if heap else None
-                        if ot < INF:
+                    if top is None or ct < ht or (ct == ht and core.top_key() < top[:5]):
+                        limit = top[:5] if top is not None else None
+                        if ot < INF and (limit is None or ot <= limit[0]):
                             okey = ops.top_key()
                             if limit is None or okey < limit:
                                 limit = okey

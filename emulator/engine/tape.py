@@ -71,14 +71,14 @@ class Tape:
         steps = self.steps
         i, phase = self.i, self.phase
         n = len(steps)
-        launch = shard.launch
+        launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive)
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
                     op = self.op = Op(*recv[0])
-                    launch(gpu, op, recv[1], True)
+                    launch(gpu, op, recv[1])
                     if gpu.suspended:
                         self.i, self.phase = i, phase
                         return False
@@ -117,7 +117,7 @@ class Tape:
             i += 1
             phase = 0
             if send is not None:
-                launch(gpu, Op(*send[0]), send[1], True)
+                launch(gpu, Op(*send[0]), send[1])
                 if gpu.suspended:
                     self.i, self.phase = i, phase
                     return False
