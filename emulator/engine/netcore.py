@@ -180,7 +180,7 @@ class NetCore:
 
     def _read_top(self) -> None:
         """Refresh ``top`` (read by the shard's loop for every event: a plain attribute)."""
-        t = self.st.item(TOP_T)
+        t = self.stv[TOP_T]
         if t >= NO_LIMIT:
             # the kernels' int64 arithmetic (and the horizon sentinel) end here
             raise EmulatorError(f"virtual time reached {t} ns (over 2^62 ns, 146 years): beyond what the "
@@ -290,7 +290,7 @@ class NetCore:
         else:
             run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._read_top()
-        status = self.st.item(STATUS)
+        status = self.stv[STATUS]
         if status == GROW:
             self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
         return status

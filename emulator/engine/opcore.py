@@ -643,7 +643,7 @@ class OpCore:
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm
-        return self.shard.gpus[self.ranks[g[k.G_RET_RI]]], g[k.G_RET_T]
+        return self.shard.gpus[self.ranks[g[_G_RET_RI]]], g[_G_RET_T]
 
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:

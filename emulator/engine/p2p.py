@@ -137,10 +137,10 @@ class PointToPoint:
     def _core_receive(self, status: int) -> None:
         """The core stopped at a receive: completed (RECV_DONE), or met by a message of another
         size at its hand-over; errors carry the key of the event that the Python path raises at."""
-        st = self.core.st
-        t = int(st[RET_T])
-        gpu, op = self.core.recvs.pop(int(st[RET_RUN]))
-        assert gpu.rank == int(st[RET_RANK])
+        st = self.core.stv  # (Python ints)
+        t = st[RET_T]
+        gpu, op = self.core.recvs.pop(st[RET_RUN])
+        assert gpu.rank == st[RET_RANK]
         self.now = t
         try:
             if status == RECV_DONE:

@@ -71,6 +71,7 @@ class Tape:
         steps = self.steps
         i, phase = self.i, self.phase
         n = len(steps)
+        # (``gpu._susp``: CompiledGPU.suspended without its property: a tape runs on those only)
         launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive)
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
@@ -79,7 +80,7 @@ class Tape:
                 if recv is not None:
                     op = self.op = Op(*recv[0])
                     launch(gpu, op, recv[1])
-                    if gpu.suspended:
+                    if gpu._susp:
                         self.i, self.phase = i, phase
                         return False
             if phase == 1:
@@ -98,7 +99,7 @@ class Tape:
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
                 core.begin(gpu, known, memory)
-                if gpu.suspended:
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
             if phase == 2:
@@ -110,7 +111,7 @@ class Tape:
                 if alloc_key is not None:
                     self.held[alloc_key] = self.memory[0]
                 self.memory = None
-                if gpu.suspended:  # Shard.launch's check after a last alloc or free row
+                if gpu._susp:  # Shard.launch's check after a last alloc or free row
                     self.i, self.phase = i, phase
                     return False
             # phase 3
@@ -118,7 +119,7 @@ class Tape:
             phase = 0
             if send is not None:
                 launch(gpu, Op(*send[0]), send[1])
-                if gpu.suspended:
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
         self.i, self.phase = i, 0
