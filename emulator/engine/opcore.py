@@ -66,6 +66,7 @@ from emulator.errors import OutOfMemoryError
 # the hot reads of the kernels' globals (a module attribute lookup less each)
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
+_R_BEGIN = k.R_BEGIN
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -505,9 +506,19 @@ class OpCore:
     def begin(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> None:
         """The block's proxy launched on the shard's compute stream (its stream position and
         dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
+        # the block's first op: its stream position and dependencies on the shard's compute stream
+        self.shard.launch(gpu, self._proxy(gpu, known, memory), "compute")
+
+    def begin_step(self, gpu: VirtualGPU, known: tuple, memory: list, after: Op | None) -> None:
+        """:meth:`begin` for a tape's step (tape.py), the step's receive ``after`` (None: done, or
+        none) waited for first (Op.wait): Shard.launch_block, that launch's rules for a proxy."""
+        self.shard.launch_block(gpu, self._proxy(gpu, known, memory), after)
+
+    def _proxy(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> Op:
+        """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
+        Allocations (:meth:`begin`)."""
         _, b, _, figures, mem_rows, plan = known
-        shard = self.shard
-        gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
         if mem_rows is not None:
@@ -524,8 +535,7 @@ class OpCore:
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
             self.block_memory[id(proxy)] = (net, [given[slot] for slot in freed], mem_rows, given)
-        # the block's first op: its stream position and dependencies on the shard's compute stream
-        shard.launch(gpu, proxy, "compute")
+        return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
         """The rest of a block's launch (after :meth:`begin`) in the kernels: ST_SUSPEND when the

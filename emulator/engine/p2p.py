@@ -100,8 +100,10 @@ class PointToPoint:
 
     def _start_send(self, gpu: VirtualGPU, op: Op, t: int) -> None:
         dst, size, tag = op.a, op.b, op.c
-        k = gpu.p2p_send.get((dst, tag), 0)
-        gpu.p2p_send[(dst, tag)] = k + 1
+        key = (dst, tag)
+        counts = gpu.p2p_send
+        k = counts.get(key, 0)
+        counts[key] = k + 1
         if self.p2p_core:
             end = self.core.send(gpu.rank, dst, size, tag, k, t)
         else:
@@ -112,8 +114,10 @@ class PointToPoint:
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
         """Returns True if the receive waits (its completion is an event)."""
         src, _size, tag = op.a, op.b, op.c
-        k = gpu.p2p_recv.get((src, tag), 0)
-        gpu.p2p_recv[(src, tag)] = k + 1
+        key = (src, tag)
+        counts = gpu.p2p_recv
+        k = counts.get(key, 0)
+        counts[key] = k + 1
         if self.p2p_core:
             delivery = self.core.receive(gpu, op, src, tag, k, t)
             if delivery == -1:

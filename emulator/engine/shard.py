@@ -432,8 +432,63 @@ class Shard(PointToPoint, CollectiveExecution):
         outstanding = mv[R_OUT] + 1
         mv[R_OUT] = outstanding
         if len(ops) == 1:
-            self._try_start(gpu, stream)
-            outstanding = mv[R_OUT]
+            if left:  # _try_start's first test, inline: it would only note the wait
+                if stream.blocked_since < 0:
+                    stream.blocked_since = self.now
+            else:
+                self._try_start(gpu, stream)
+                outstanding = mv[R_OUT]
+        if outstanding >= self.max_ahead and not gpu._susp:
+            self._suspend(gpu)
+
+    def launch_block(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
+        """:meth:`launch` of a block's proxy (opcore.OpCore.begin_step) on ``compute`` of a CompiledGPU,
+        after ``after.wait()`` (a tape's receive not done yet, or None): its rules for a BLOCK."""
+        streams = gpu.streams
+        stream = streams.get("compute")
+        if stream is None:
+            stream = gpu.stream("compute")
+        op.stream = stream
+        op.gpu = gpu
+        waits = gpu.pending_waits
+        deps = waits.pop("compute", None) if waits else None
+        if after is not None:  # (Op.wait: after the waits made before it)
+            if deps is None:
+                deps = [after]
+            else:
+                deps.append(after)
+        left = 0
+        last = stream.last
+        delay = last.dl if last is not None and not last.done else INF
+        if deps:
+            for dep in deps:
+                if not dep.done:
+                    left += 1
+                    if dep.dl < delay:
+                        delay = dep.dl
+                    if dep.dependents is None:
+                        dep.dependents = [op]
+                    else:
+                        dep.dependents.append(op)
+        op.deps_left = left
+        # (a proxy's ``a`` is its least duration, already as launched: opcore.OpCore._template)
+        launched = stream.launched_ns = stream.launched_ns + op.a
+        dl = delay + op.a
+        op.dl = op.d if op.d < dl else dl  # (lookahead.block_bound)
+        op.cum = launched
+        ops = stream.ops
+        ops.append(op)
+        stream.last = op
+        mv = gpu._mv
+        outstanding = mv[R_OUT] + 1
+        mv[R_OUT] = outstanding
+        if len(ops) == 1:
+            if left:  # _try_start's first test, inline: it would only note the wait
+                if stream.blocked_since < 0:
+                    stream.blocked_since = self.now
+            else:
+                self._try_start(gpu, stream)
+                outstanding = mv[R_OUT]
         if outstanding >= self.max_ahead and not gpu._susp:
             self._suspend(gpu)
 
@@ -606,8 +661,15 @@ class Shard(PointToPoint, CollectiveExecution):
                     s.unblocked_by = stream.name
                     if s.ops and s.ops[0] is dep:
                         self._try_start(gpu, s)
-        if start_next and stream.ops:
-            self._try_start(gpu, stream)
+        if start_next:
+            ops = stream.ops
+            if ops:
+                head = ops[0]
+                if head.deps_left:  # _try_start's first test, inline: it would only note the wait
+                    if stream.blocked_since < 0:
+                        stream.blocked_since = self.now
+                else:
+                    self._try_start(gpu, stream)
         if gpu._susp and (gpu._sync is not None or mv[R_OUT] <= self.max_ahead >> 1):
             self._maybe_resume(gpu)
 

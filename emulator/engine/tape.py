@@ -85,20 +85,16 @@ class Tape:
                         return False
             if phase == 1:
                 phase = 2
+                after = None
                 if recv is not None:
                     op = self.op
                     self.op = None
-                    if not op.done:  # (Op.wait on "compute")
-                        waits = gpu.pending_waits
-                        pending = waits.get("compute")
-                        if pending is None:
-                            waits["compute"] = [op]
-                        else:
-                            pending.append(op)
+                    if not op.done:  # (its wait() on "compute": begin_step takes it)
+                        after = op
                 memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
-                core.begin(gpu, known, memory)
+                core.begin_step(gpu, known, memory, after)
                 if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
