@@ -55,6 +55,10 @@ from netmodel.links import LinkModel
 class Shard(PointToPoint, CollectiveExecution):
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
+    # a shard that runs the compiled per-op engine takes the dedicated variants of its hottest rules
+    # (``*_compiled`` below); False: the generic ones (tests compare both)
+    dedicated = True
+
     def __init__(self, topo, ranks, rank_shard, index, program, settings: EngineSettings, program_args=None,
                  trace_ranks=(), fold=1, run_config=None):  # fmt: skip
         """``settings``: what the engine needs of the run (emulator/engine/settings.py);
@@ -129,12 +133,15 @@ class Shard(PointToPoint, CollectiveExecution):
         # take its blocks; rank -> its tape while one runs
         self.tapes_on = self.ops_core is not None and tape_enabled()
         self.tapes: dict[int, Tape] = {}
-        if self.ops_core is not None:
+        if self.ops_core is not None and self.dedicated:
             # its GPUs are CompiledGPUs: the variants of the hot rules that read and write their
-            # shared counters in the kernels' rows directly, not through the properties (the same
-            # rules: test_opcore.py and test_tape.py compare with the Python path)
+            # shared counters in the kernels' rows directly, not through the properties, and the
+            # tapes' launches with the rules of their op kinds only (the same rules: test_opcore.py
+            # and test_tape.py compare with the Python path, test_tape_dedicated.py with these off)
             self._complete = self._complete_compiled
             self._push = self._push_compiled
+            self.launch_p2p = self._launch_p2p_compiled
+            self.launch_block = self._launch_block_compiled
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -382,6 +389,16 @@ class Shard(PointToPoint, CollectiveExecution):
             self._suspend(gpu)
 
     def launch_p2p(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
+        """Launch a send or receive ``op`` on ``stream_name`` (not ``compute``) as the GPU API does."""
+        self.launch(gpu, op, stream_name, True)
+
+    def launch_block(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
+        """Launch a block's proxy ``op`` on ``compute`` after ``after.wait()`` (None: nothing to wait for)."""
+        if after is not None:
+            after.wait()
+        self.launch(gpu, op, "compute")
+
+    def _launch_p2p_compiled(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
         """:meth:`launch` of a send or receive (``comm``, not ``after_all``) on a stream other than
         ``compute``, on a CompiledGPU: its rules for those kinds only (a tape's receives and sends,
         tape.py)."""
@@ -441,7 +458,7 @@ class Shard(PointToPoint, CollectiveExecution):
         if outstanding >= self.max_ahead and not gpu._susp:
             self._suspend(gpu)
 
-    def launch_block(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
+    def _launch_block_compiled(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
         """:meth:`launch` of a block's proxy (opcore.OpCore.begin_step) on ``compute`` of a CompiledGPU,
         after ``after.wait()`` (a tape's receive not done yet, or None): its rules for a BLOCK."""
         streams = gpu.streams
