@@ -66,7 +66,7 @@ from emulator.errors import OutOfMemoryError
 # the hot reads of the kernels' globals (a module attribute lookup less each)
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
-_R_BEGIN = k.R_BEGIN
+_R_BEGIN, _ST_SUSPEND = k.R_BEGIN, k.ST_SUSPEND
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -221,9 +221,6 @@ class OpCore:
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
-        # id(proxy) -> (the allocations its block leaves live, those it frees, its memory rows, the
-        # slots as the caller gave them) until the block ends (begin, _apply_memory, _out_of_memory)
-        self.block_memory: dict[int, tuple] = {}
         self.top = INF
         self._pack()
 
@@ -521,6 +518,7 @@ class OpCore:
         gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
+        proxy.mem = None
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends
@@ -534,7 +532,7 @@ class OpCore:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            self.block_memory[id(proxy)] = (net, [given[slot] for slot in freed], mem_rows, given)
+            proxy.mem = (net, [given[slot] for slot in freed], mem_rows, given)
         return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
@@ -543,8 +541,12 @@ class OpCore:
         have been suspended after the block's last row, an alloc or free that ran at once)."""
         shard = self.shard
         k.launch_rest(*self.args, gpu._ri, shard.now)
-        status = self._after()
-        if status == k.ST_SUSPEND:
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
+        if status == _ST_SUSPEND:
             return status
         if status != k.ST_LAUNCHED:
             # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
@@ -558,7 +560,11 @@ class OpCore:
         ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
-        status = self._after()
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
         if status != _ST_LIMIT:
             self.instant_stop(gpu, status, t)
 
@@ -598,8 +604,9 @@ class OpCore:
         """What the block's allocs and frees leave on the rank's set of live allocations (Shard._instant
         row by row: an allocation the block frees again leaves nothing; the kernels counted the
         bytes)."""
-        entry = self.block_memory.pop(id(proxy), None)
+        entry = proxy.mem
         if entry is not None:
+            proxy.mem = None
             live = gpu.allocations
             for obj in entry[0]:
                 live.add(obj)
@@ -611,7 +618,8 @@ class OpCore:
         up to it applied one by one on the rank's set of live allocations."""
         pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
         proxy = self.proxies[gpu._ri]
-        _, _, mem_rows, given = self.block_memory.pop(id(proxy))
+        _, _, mem_rows, given = proxy.mem
+        proxy.mem = None
         memory = list(given)
         live = gpu.allocations
         for row, slot, alloc, size, name in mem_rows:
@@ -645,7 +653,7 @@ class OpCore:
         ri = g[_G_RET_RI]
         proxy = self.proxies[ri]
         gpu = self.shard.gpus[self.ranks[ri]]
-        if self.block_memory:
+        if proxy.mem is not None:
             self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[_G_RET_TSTART]

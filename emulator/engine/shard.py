@@ -743,7 +743,7 @@ class Shard(PointToPoint, CollectiveExecution):
                     self._handover(obj, t)
         except EmulatorError as exc:
             if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
-                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+                at_event(exc, (t, kind, rank))  # the kernels' stops mark the errors their events raise)
             raise
         self.events += count + core.events - core_events
         if horizon > self.done_until:
@@ -778,7 +778,18 @@ class Shard(PointToPoint, CollectiveExecution):
                         if limit is None or ck < limit:
                             limit = ck
                     if limit is None or ot < limit[0] or ops.top_key() < limit:
-                        self._run_ops(limit, core_horizon)
+                        # a block's end, handled here (a frame less: its most frequent stop), else _ops_stopped
+                        status = ops.run(limit, core_horizon)
+                        if status == ST_BLOCK_DONE:
+                            gpu, proxy, t = ops.block_done()
+                            self.now = t
+                            try:
+                                self._complete(gpu, proxy, t)
+                            except EmulatorError as exc:
+                                at_event(exc, (t, EV_OP_DONE, gpu.rank))
+                                raise
+                        elif status:
+                            self._ops_stopped(status)
                         continue
                 if ct < horizon:
                     if top is None or ct < ht or (ct == ht and core.top_key() < top[:5]):
@@ -787,7 +798,12 @@ class Shard(PointToPoint, CollectiveExecution):
                             okey = ops.top_key()
                             if limit is None or okey < limit:
                                 limit = okey
-                        self._run_core(limit, core_horizon)
+                        # (_run_core, inline: a frame less for its most frequent stop, a receive)
+                        status = core.run(limit, core_horizon)
+                        if status >= RECV_DONE:
+                            self._core_receive(status)
+                        elif status:
+                            self._core_stopped(status)
                         continue
                 if not heap or ht >= horizon:
                     break
@@ -802,23 +818,19 @@ class Shard(PointToPoint, CollectiveExecution):
                     self._handover(obj, t)
         except EmulatorError as exc:
             if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
-                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+                at_event(exc, (t, kind, rank))  # the kernels' stops mark the errors their events raise)
             raise
         self.events += count + core.events - core_events + ops.events - ops_events
         if horizon > self.done_until:
             self.done_until = horizon
         return self._take_outbox()
 
-    def _run_ops(self, limit, horizon: int) -> None:
-        """Let the compiled per-op engine run its events before ``limit``; act where it stopped."""
+    def _ops_stopped(self, status: int) -> None:
+        """Act where the compiled per-op engine stopped (:meth:`_run_until_compiled`'s call) for something
+        else than a block's end."""
         ops = self.ops_core
-        status = ops.run(limit, horizon)
         try:
-            if status == ST_BLOCK_DONE:
-                gpu, proxy, t = ops.block_done()
-                self.now = t
-                self._complete(gpu, proxy, t)
-            elif status == ST_RESUME:
+            if status == ST_RESUME:
                 gpu, t = ops.resumed()
                 self.now = t
                 self._maybe_resume(gpu)
@@ -842,8 +854,15 @@ class Shard(PointToPoint, CollectiveExecution):
 
     def _run_core(self, limit, horizon: int) -> None:
         """Let the core run its events before ``limit``; complete what it finished."""
+        status = self.core.run(limit, horizon)
+        if status >= RECV_DONE:  # a point-to-point receive (p2p.py)
+            self._core_receive(status)
+        elif status:
+            self._core_stopped(status)
+
+    def _core_stopped(self, status: int) -> None:
+        """Act where the core stopped for something else than a receive."""
         core = self.core
-        status = core.run(limit, horizon)
         if status == COMPLETE:
             gpu, op, t = core.finished()
             self.now = t
@@ -862,10 +881,8 @@ class Shard(PointToPoint, CollectiveExecution):
                 # step of a lower rank are ordered as if it were a handover (kind 0)
                 at_event(exc, (int(core.st[RET_T]), EV_HANDOVER, int(core.st[RET_RANK])))
                 raise
-        elif status >= RECV_DONE:  # a point-to-point receive (p2p.py)
-            self._core_receive(status)
         else:
-            assert status in (0, GROW), status
+            assert status == GROW, status
 
     def _core_completed(self) -> None:
         gpu, op, t = self.core.finished()
