@@ -36,7 +36,7 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import R_OUT, R_SEQ, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
+from emulator.engine.opkernels import R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
@@ -139,7 +139,6 @@ class Shard(PointToPoint, CollectiveExecution):
             # tapes' launches with the rules of their op kinds only (the same rules: test_opcore.py
             # and test_tape.py compare with the Python path, test_tape_dedicated.py with these off)
             self._complete = self._complete_compiled
-            self._push = self._push_compiled
             self.launch_p2p = self._launch_p2p_compiled
             self.launch_block = self._launch_block_compiled
 
@@ -627,13 +626,6 @@ class Shard(PointToPoint, CollectiveExecution):
 
     def _push(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
         seq = gpu.seq = gpu.seq + 1
-        heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
-
-    def _push_compiled(self, t: int, kind: int, gpu: VirtualGPU, obj) -> None:
-        """:meth:`_push` for a CompiledGPU (its ``seq`` in the kernels' row)."""
-        mv = gpu._mv
-        seq = mv[R_SEQ] + 1
-        mv[R_SEQ] = seq
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
 
     def _complete_compiled(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
