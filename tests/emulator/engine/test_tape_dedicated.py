@@ -73,7 +73,7 @@ def test_dedicated_rules_match_the_generic_ones(args, taped, monkeypatch):
         ("megatron-1t-3072gpu", ["training.global_batch_size=24"], 3),
         ("megatron-175b-64gpu", ["training.global_batch_size=16", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]",
                                  "engine.fold_tensor_groups=false"], 1),  # fmt: skip
-        ("gpt3-175b-1024gpu", ["training.global_batch_size=32", "parallel.virtual_stages=4",
+        ("gpt3-175b-1024gpu", ["training.global_batch_size=128", "parallel.virtual_stages=2",
                                "engine.max_ops_ahead=2"], 1),  # fmt: skip
     ],
 )
