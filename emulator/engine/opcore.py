@@ -527,12 +527,12 @@ class OpCore:
             finals, kept, freed = plan
             for slot, name, size in finals:
                 memory[slot] = Allocation(given[slot] if name is None else name, size)
-            net = [memory[slot] for slot in kept]
+            net = list(map(memory.__getitem__, kept))  # (no comprehension's frame: a slot or two)
             for slot in freed:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            proxy.mem = (net, [given[slot] for slot in freed], mem_rows, given)
+            proxy.mem = (net, list(map(given.__getitem__, freed)), mem_rows, given)
         return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
@@ -590,14 +590,14 @@ class OpCore:
         else:
             assert status == k.ST_LIMIT, status
 
-    def stopped(self, status: int) -> None:
+    def stopped(self, status: int, gpu: CompiledGPU, t: int) -> None:
         """A run() call stopped at an instant op (instant_stop) in the compute stream's loop that a
-        compute op's completion began: after the loop, that completion's check (Shard._complete)."""
-        gpu, t = self.resumed()
+        compute op's completion of ``gpu`` began at ``t`` (:meth:`resumed`): after the loop, that
+        completion's check (Shard._complete; CompiledGPU's fields, without its properties)."""
         shard = self.shard
         shard.now = t
         self.instant_stop(gpu, status, t)
-        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+        if gpu._susp and (gpu._sync is not None or gpu._mv[k.R_OUT] <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
     def _apply_memory(self, gpu: VirtualGPU, proxy: Op) -> None:

@@ -20,6 +20,7 @@ import heapq
 from emulator.engine.collective_run import Chan
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, at_event
 from emulator.engine.netkernels import RECV_DONE, RET_PEER, RET_RANK, RET_RUN, RET_SIG_LO, RET_T
+from emulator.engine.opkernels import R_SEQ
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, ProgramError
@@ -106,8 +107,15 @@ class PointToPoint:
         counts[key] = k + 1
         if self.p2p_core:
             end = self.core.send(gpu.rank, dst, size, tag, k, t)
-        else:
-            end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
+            # (_push, inline: the core takes messages only beside the per-op engine, whose GPUs keep
+            # their event counter in the kernels' row, and without failures: it always ends)
+            mv = gpu._mv
+            seq = mv[R_SEQ] + 1
+            mv[R_SEQ] = seq
+            rank = gpu.rank
+            heapq.heappush(self.heap, (end, EV_OP_DONE, rank, rank, seq, op))
+            return
+        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
         if end is not None:  # else lost to a failure: the send never ends
             self._push(end, EV_OP_DONE, gpu, op)
 

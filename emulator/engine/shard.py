@@ -828,7 +828,7 @@ class Shard(PointToPoint, CollectiveExecution):
                 self._maybe_resume(gpu)
             elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
                 gpu, t = ops.resumed()
-                ops.stopped(status)
+                ops.stopped(status, gpu, t)
         except EmulatorError as exc:
             # the kernels stopped at a compute completion of that rank (OpCore.top_key: EV_OP_DONE)
             at_event(exc, (t, EV_OP_DONE, gpu.rank))
