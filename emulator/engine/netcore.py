@@ -184,7 +184,7 @@ class NetCore:
 
     def _read_top(self) -> None:
         """Refresh ``top`` (read by the shard's loop for every event: a plain attribute)."""
-        t = self.st.item(TOP_T)
+        t = self.stv[TOP_T]
         if t >= NO_LIMIT:
             # the kernels' int64 arithmetic (and the horizon sentinel) end here
             raise EmulatorError(f"virtual time reached {t} ns (over 2^62 ns, 146 years): beyond what the "
@@ -198,8 +198,8 @@ class NetCore:
         return float(times.min()) if len(times) else INF
 
     def top_key(self) -> tuple:
-        st = self.st
-        return int(st[TOP_T]), int(st[TOP_KIND]), int(st[TOP_RANK]), int(st[TOP_ORIGIN]), int(st[TOP_SEQ])
+        st = self.stv  # (Python ints from the memoryview: the shard's loop compares these keys often)
+        return st[TOP_T], st[TOP_KIND], st[TOP_RANK], st[TOP_ORIGIN], st[TOP_SEQ]
 
     # -- routes -------------------------------------------------------------------------------
     def rid(self, src: int, dst: int) -> int:
@@ -294,7 +294,7 @@ class NetCore:
         else:
             run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._read_top()
-        status = self.st.item(STATUS)
+        status = self.stv[STATUS]
         if status == GROW:
             self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2 + SEND_ROOM)
         return status

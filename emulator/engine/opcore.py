@@ -71,6 +71,7 @@ _G_SENT, _G_LOW, _G_RDRAIN, _ST_RMISMATCH = k.G_SENT, k.G_LOW, k.G_RDRAIN, k.ST_
 # of ops.py's kinds, never started, completed or counted by the Python rules
 KSENDS = 100
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
+_R_BEGIN, _ST_SUSPEND = k.R_BEGIN, k.ST_SUSPEND
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -226,9 +227,6 @@ class OpCore:
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
-        # id(proxy) -> (the allocations its block leaves live, those it frees, its memory rows, the
-        # slots as the caller gave them) until the block ends (begin, _apply_memory, _out_of_memory)
-        self.block_memory: dict[int, tuple] = {}
         self.top = INF
         # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
         # descriptor of (rank, stream, destination, tag) and of a message, each rank's stream slots by name, and the
@@ -551,11 +549,22 @@ class OpCore:
     def begin(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> None:
         """The block's proxy launched on the shard's compute stream (its stream position and
         dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
+        # the block's first op: its stream position and dependencies on the shard's compute stream
+        self.shard.launch(gpu, self._proxy(gpu, known, memory), "compute")
+
+    def begin_step(self, gpu: VirtualGPU, known: tuple, memory: list, after: Op | None) -> None:
+        """:meth:`begin` for a tape's step (tape.py), the step's receive ``after`` (None: done, or
+        none) waited for first (Op.wait): Shard.launch_block, that launch's rules for a proxy."""
+        self.shard.launch_block(gpu, self._proxy(gpu, known, memory), after)
+
+    def _proxy(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> Op:
+        """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
+        Allocations (:meth:`begin`)."""
         _, b, _, figures, mem_rows, plan = known
-        shard = self.shard
-        gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
+        proxy.mem = None
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends
@@ -564,14 +573,13 @@ class OpCore:
             finals, kept, freed = plan
             for slot, name, size in finals:
                 memory[slot] = Allocation(given[slot] if name is None else name, size)
-            net = [memory[slot] for slot in kept]
+            net = list(map(memory.__getitem__, kept))  # (no comprehension's frame: a slot or two)
             for slot in freed:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            self.block_memory[id(proxy)] = (net, [given[slot] for slot in freed], mem_rows, given)
-        # the block's first op: its stream position and dependencies on the shard's compute stream
-        shard.launch(gpu, proxy, "compute")
+            proxy.mem = (net, list(map(given.__getitem__, freed)), mem_rows, given)
+        return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
         """The rest of a block's launch (after :meth:`begin`) in the kernels: ST_SUSPEND when the
@@ -579,8 +587,12 @@ class OpCore:
         have been suspended after the block's last row, an alloc or free that ran at once)."""
         shard = self.shard
         k.launch_rest(*self.args, gpu._ri, shard.now)
-        status = self._after()
-        if status == k.ST_SUSPEND:
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
+        if status == _ST_SUSPEND:
             return status
         if status != k.ST_LAUNCHED:
             # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
@@ -863,7 +875,11 @@ class OpCore:
         ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
-        status = self._after()
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
         if status != _ST_LIMIT:
             self.instant_stop(gpu, status, t)
 
@@ -894,22 +910,23 @@ class OpCore:
         else:
             assert status == k.ST_LIMIT, status
 
-    def stopped(self, status: int) -> None:
+    def stopped(self, status: int, gpu: CompiledGPU, t: int) -> None:
         """A run() call stopped at an instant op (instant_stop) in the compute stream's loop that a
-        compute op's completion began: after the loop, that completion's check (Shard._complete)."""
-        gpu, t = self.resumed()
+        compute op's completion of ``gpu`` began at ``t`` (:meth:`resumed`): after the loop, that
+        completion's check (Shard._complete; CompiledGPU's fields, without its properties)."""
         shard = self.shard
         shard.now = t
         self.instant_stop(gpu, status, t)
-        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+        if gpu._susp and (gpu._sync is not None or gpu._mv[k.R_OUT] <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
     def _apply_memory(self, gpu: VirtualGPU, proxy: Op) -> None:
         """What the block's allocs and frees leave on the rank's set of live allocations (Shard._instant
         row by row: an allocation the block frees again leaves nothing; the kernels counted the
         bytes)."""
-        entry = self.block_memory.pop(id(proxy), None)
+        entry = proxy.mem
         if entry is not None:
+            proxy.mem = None
             live = gpu.allocations
             for obj in entry[0]:
                 live.add(obj)
@@ -921,7 +938,8 @@ class OpCore:
         up to it applied one by one on the rank's set of live allocations."""
         pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
         proxy = self.proxies[gpu._ri]
-        _, _, mem_rows, given = self.block_memory.pop(id(proxy))
+        _, _, mem_rows, given = proxy.mem
+        proxy.mem = None
         memory = list(given)
         live = gpu.allocations
         for row, slot, alloc, size, name in mem_rows:
@@ -964,7 +982,7 @@ class OpCore:
         ri = g[_G_RET_RI]
         proxy = self.proxies[ri]
         gpu = self.shard.gpus[self.ranks[ri]]
-        if self.block_memory:
+        if proxy.mem is not None:
             self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[_G_RET_TSTART]
@@ -973,7 +991,7 @@ class OpCore:
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm
-        return self.shard.gpus[self.ranks[g[k.G_RET_RI]]], g[k.G_RET_T]
+        return self.shard.gpus[self.ranks[g[_G_RET_RI]]], g[_G_RET_T]
 
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:

@@ -104,7 +104,8 @@ class Tape:
         steps = self.steps
         i, phase = self.i, self.phase
         n = len(steps)
-        launch = shard.launch
+        # (``gpu._susp``: CompiledGPU.suspended without its property: a tape runs on those only)
+        launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive the kernels do not take)
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
         while i < n:
@@ -115,28 +116,24 @@ class Tape:
                     if kernel_receives and core.launch_recv(gpu, recv[0], recv[1]):
                         self.op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
                     else:
-                        self.op = Op(*recv[0])
-                        launch(gpu, self.op, recv[1], True)
-                    if gpu.suspended:
+                        op = self.op = Op(*recv[0])
+                        launch(gpu, op, recv[1])
+                    if gpu._susp:
                         self.i, self.phase = i, phase
                         return False
             if phase == 1:
                 phase = 2
+                after = None
                 op = self.op
-                if op is not None:
+                if op is not None:  # (None: no receive, or the kernels' receive)
                     self.op = None
-                    if not op.done:  # (Op.wait on "compute")
-                        waits = gpu.pending_waits
-                        pending = waits.get("compute")
-                        if pending is None:
-                            waits["compute"] = [op]
-                        else:
-                            pending.append(op)
+                    if not op.done:  # (its wait() on "compute": begin_step takes it)
+                        after = op
                 memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
-                core.begin(gpu, known, memory)
-                if gpu.suspended:
+                core.begin_step(gpu, known, memory, after)
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
             if phase == 2:
@@ -148,7 +145,7 @@ class Tape:
                 if alloc_key is not None:
                     self.held[alloc_key] = self.memory[0]
                 self.memory = None
-                if gpu.suspended:  # Shard.launch's check after a last alloc or free row
+                if gpu._susp:  # Shard.launch's check after a last alloc or free row
                     self.i, self.phase = i, phase
                     return False
             # phase 3
@@ -156,8 +153,8 @@ class Tape:
             phase = 0
             if send is not None:
                 if not (kernel_sends and core.launch_send(gpu, send[0], send[1])):
-                    launch(gpu, Op(*send[0]), send[1], True)
-                if gpu.suspended:
+                    launch(gpu, Op(*send[0]), send[1])
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
         self.i, self.phase = i, 0
