@@ -6,7 +6,7 @@ module, or reads a constant of another module (netkernels reads the event kinds 
 emulator/engine/events.py), keeps its cached machine code after that other file changes - a
 stale kernel that gives silently wrong results, on the machine of whoever edited the file. Here
 every kernel of the files in :data:`SOURCES` is stamped with the hash of all of them together, so
-a change to any one recompiles them all (about 37 s of CPU, once, as on a fresh machine).
+a change to any one recompiles them all (about 50 s of CPU, once, as on a fresh machine).
 
 The stamp is given by a cache locator put in front of numba's own (``CacheImpl._locator_classes``,
 where numba looks for the place and stamp of a function's cache): the kernel modules import this

@@ -59,6 +59,7 @@ from emulator.engine.netkernels import (
     S_RLO,
     S_SLO,
     SEND_KIND,
+    SEND_ROOM,
     SEQ_COL,
     SHARD,
     SIG_BITS,
@@ -164,7 +165,10 @@ class NetCore:
         """Write the kernels' table of the arrays (netkernels.TABLE): again whenever one is replaced."""
         # ``args`` holds every array the table points at: alive while the kernels may use them
         self.args = tuple(getattr(self, name) for name in TABLE)
-        table = np.zeros(TABLE_COLS * len(TABLE), np.int64)
+        # written in place: the per-op engine holds the table's address (opcore.OpCore: its kernel sends)
+        table = getattr(self, "table", None)
+        if table is None:
+            table = np.zeros(TABLE_COLS * len(TABLE), np.int64)
         for i, (name, a) in enumerate(zip(TABLE, self.args, strict=True)):
             # the kernels view the arrays through their data pointers with this layout (netkernels._views)
             assert a.flags.c_contiguous, f"the kernels' array {name} is C-contiguous"
@@ -180,7 +184,7 @@ class NetCore:
 
     def _read_top(self) -> None:
         """Refresh ``top`` (read by the shard's loop for every event: a plain attribute)."""
-        t = self.st.item(TOP_T)
+        t = self.stv[TOP_T]
         if t >= NO_LIMIT:
             # the kernels' int64 arithmetic (and the horizon sentinel) end here
             raise EmulatorError(f"virtual time reached {t} ns (over 2^62 ns, 146 years): beyond what the "
@@ -194,8 +198,8 @@ class NetCore:
         return float(times.min()) if len(times) else INF
 
     def top_key(self) -> tuple:
-        st = self.st
-        return int(st[TOP_T]), int(st[TOP_KIND]), int(st[TOP_RANK]), int(st[TOP_ORIGIN]), int(st[TOP_SEQ])
+        st = self.stv  # (Python ints from the memoryview: the shard's loop compares these keys often)
+        return st[TOP_T], st[TOP_KIND], st[TOP_RANK], st[TOP_ORIGIN], st[TOP_SEQ]
 
     # -- routes -------------------------------------------------------------------------------
     def rid(self, src: int, dst: int) -> int:
@@ -259,7 +263,7 @@ class NetCore:
             st[MAXX] = maxx
         run, c0, s0, x0, k0 = (int(v) for v in st[[N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT]])
         nch, nseg, nx = len(chans_t), len(segs_t), len(xf_t)
-        self._ensure(run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt, nch * (int(st[MAXX]) + 2))
+        self._ensure(run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt, nch * (int(st[MAXX]) + 2) + SEND_ROOM)
         st[N_RUNS], st[N_CHANS], st[N_SEGS], st[N_XFERS], st[N_CNT] = run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt
         gid, cseq = op.c
         self.runs[run] = (gid, cseq, op.d & SIG_MASK, op.d >> SIG_BITS, nch, 0, gpu.rank, KIND_INDEX[op.a.op],
@@ -290,9 +294,9 @@ class NetCore:
         else:
             run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
         self._read_top()
-        status = self.st.item(STATUS)
+        status = self.stv[STATUS]
         if status == GROW:
-            self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
+            self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2 + SEND_ROOM)
         return status
 
     def finished(self) -> tuple:
@@ -348,7 +352,7 @@ class NetCore:
             rid = self.rid(src, dst)
         end_up = send_message(self.table, src, dst, rid, size, tag, k, t)
         if end_up < 0:  # an array is full (netkernels._room): nothing was done
-            self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2)
+            self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2 + SEND_ROOM)
             end_up = send_message(self.table, src, dst, rid, size, tag, k, t)
         t_top = self.stv[TOP_T]
         if 0 <= t_top < NO_LIMIT:
@@ -376,7 +380,7 @@ class NetCore:
         """Collective messages from other shards (outbox tuples)."""
         recs = np.array([(*r[:10], r[10] & SIG_MASK, r[10] >> SIG_BITS) for r in records], np.int64)
         rids = np.array([self.rid(r[2], r[1]) for r in records], np.int64)
-        self._ensure(0, 0, 0, 0, 0, len(records) + 2)
+        self._ensure(0, 0, 0, 0, 0, len(records) + 2 + SEND_ROOM)
         deliver_records(self.st, self.heap, self.msg, self.mfree, recs, rids)
         self._read_top()
 
@@ -518,7 +522,7 @@ def warm_up() -> None:
     timeline_add(core.tl, core.pend, core.st, 0, 1, 1, 0, 1, 1000)
     from emulator.engine.opcore import warm_up as warm_up_ops  # the per-op engine's kernels too
 
-    warm_up_ops()
+    warm_up_ops(core)
 
 
 

@@ -69,6 +69,7 @@ RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then do
 # HT_RECV: a point-to-point receive waiting (values: its id, its size, its start time)
 HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
 SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
+SEND_ROOM = 16  # messages the arrays keep free after any call (_room; opkernels.NET_LOW)
 
 
 # -- the entry points' one argument: a table of the arrays -------------------------------------
@@ -607,8 +608,9 @@ def _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, r
 
 @njit(cache=True, inline="always")
 def _room(st, heap, msg, htk, outb, pend):
-    """Whether every array can take what one event may add (up to MAXX messages)."""
-    need = st[MAXX] + 2
+    """Whether every array can take what one event may add (up to MAXX messages), and SEND_ROOM more:
+    what the per-op engine's kernel sends may add before the shard grows the arrays (opkernels.G_LOW)."""
+    need = st[MAXX] + 2 + SEND_ROOM
     return (st[HEAP_N] + need <= heap.shape[0] and st[MSG_N] + need <= msg.shape[0]
             and 2 * (st[HT_FILL] + need) <= htk.shape[0] and st[OUT_N] + need <= outb.shape[0]
             and st[PEND_N] + need <= pend.shape[0])  # fmt: skip

@@ -57,15 +57,21 @@ from __future__ import annotations
 import numpy as np
 
 from emulator.engine import opkernels as k
-from emulator.engine.events import INF
+from emulator.engine.events import EV_OP_DONE, INF, at_event
 from emulator.engine.lookahead import block_bound
-from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
+from emulator.engine.netkernels import MAXX, SEND_ROOM
+from emulator.engine.ops import BLOCK, COMPUTE, RECV, SEND, Allocation, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
-from emulator.errors import OutOfMemoryError
+from emulator.errors import EmulatorError, OutOfMemoryError
 
 # the hot reads of the kernels' globals (a module attribute lookup less each)
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
+_G_SENT, _G_LOW, _G_RDRAIN, _ST_RMISMATCH = k.G_SENT, k.G_LOW, k.G_RDRAIN, k.ST_RMISMATCH
+# the op kind of a kernel send stream's stand-in on the shard's stream (OpCore.launch_send): not one
+# of ops.py's kinds, never started, completed or counted by the Python rules
+KSENDS = 100
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
+_R_BEGIN, _ST_SUSPEND = k.R_BEGIN, k.ST_SUSPEND
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -185,7 +191,8 @@ class OpCore:
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
-        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN):
+        for col in (k.R_CHEAD, k.R_CTAIL, k.R_CBLK, k.R_LASTC, k.R_THEAD, k.R_TTAIL, k.R_TBLK, k.R_PEND, k.R_BEGIN,
+                    k.R_RPEND):
             self.rs[:, col] = -1
         self.rs[:, k.R_RANK] = ranks
         self.ranks = ranks  # rank index -> rank
@@ -220,22 +227,37 @@ class OpCore:
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
-        # id(proxy) -> (the allocations its block leaves live, those it frees, its memory rows, the
-        # slots as the caller gave them) until the block ends (begin, _apply_memory, _out_of_memory)
-        self.block_memory: dict[int, tuple] = {}
         self.top = INF
+        # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
+        # descriptor of (rank, stream, destination, tag) and of a message, each rank's stream slots by name, and the
+        # stand-ins of the streams whose sends the kernels hold, by (rank, stream)
+        self.sd = np.zeros((16, k.SD_FIELDS), np.int64)
+        self.kc = np.zeros(16, np.int64)
+        self.n_sd = 0
+        self.desc_of: dict[tuple, int] = {}
+        self.send_desc: dict[int, tuple] = {}  # id(a prepared message) -> (it, its descriptor, its GPU)
+        self.slot_names: dict[int, list] = {}  # rank index -> stream names by slot
+        self.slot_descs: dict[tuple, list] = {}  # (rank, stream) -> its descriptors
+        self.stand_ins: dict[tuple, Op] = {}
+        core = getattr(shard, "core", None)
+        self.net = core.table if core is not None else np.zeros(3 * len(k._NET_TABLE), np.int64)
         self._pack()
+
+    def enable_sends(self) -> None:
+        """Pipeline sends from tapes run in the kernels from now on (Shard.__init__: tape.py's kernel mode)."""
+        self.g[k.G_NET] = 1
 
     def _pack_if_grown(self) -> None:
         """:meth:`_pack` when one of the growing arrays was grown (is no longer a view of the buffer)."""
-        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl)) or (
+        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc)) or (
             self.tf is not self.args[3]
         ):
             self._pack()
 
     def _pack(self) -> None:
         """Copy the growing arrays into one buffer (opkernels.H_TI ...) and view them there again."""
-        parts = ((k.H_TI, self.ti), (k.H_TP, self.tp), (k.H_PL, self.pl), (k.H_PLK, self.plk), (k.H_TL, self.tl))
+        parts = ((k.H_TI, self.ti), (k.H_TP, self.tp), (k.H_PL, self.pl), (k.H_PLK, self.plk), (k.H_TL, self.tl),
+                 (k.H_SD, self.sd), (k.H_KC, self.kc))  # fmt: skip
         gb = np.zeros(k.GB_HEADER + sum(a.size for _, a in parts), np.int64)
         at = k.GB_HEADER
         views = []
@@ -245,9 +267,9 @@ class OpCore:
             view[...] = a
             views.append(view)
             at += a.size
-        self.ti, self.tp, self.pl, self.plk, self.tl = views
+        self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc = views
         self.gb = gb
-        self.args = (self.ib, gb, self.fb, self.tf, self.free)
+        self.args = (self.ib, gb, self.fb, self.tf, self.free, self.net)
 
     @property
     def events(self) -> int:
@@ -258,8 +280,29 @@ class OpCore:
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
+        if g[_G_SENT] or g[_G_LOW] or g[_G_RDRAIN]:
+            self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
-        return g[_G_STATUS]
+        status = g[_G_STATUS]
+        if status == _ST_RMISMATCH:
+            self._mismatch()
+        return status
+
+    def _net_after(self) -> None:
+        """After a call that sent: the message core's next event, and room for the next call's sends."""
+        g = self.gm
+        core = self.shard.core
+        if g[_G_LOW]:
+            g[_G_LOW] = 0
+            core._ensure(0, 0, 0, 0, 0, int(core.st[MAXX]) + 2 + SEND_ROOM)
+        g[_G_SENT] = 0
+        core._read_top()
+        if g[_G_RDRAIN]:
+            # a sealed receive stream's last kernel receive completed at once inside the call (its
+            # dependents were gated): Python's ops behind it go on now, as right after it
+            slot, ri = g[_G_RDRAIN] - 1, g[k.G_RDRAIN_RI]
+            g[_G_RDRAIN] = 0
+            self.drained(self.shard.gpus[self.ranks[ri]], slot, g[k.G_RDRAIN_T], False)
 
     def _overflowed(self) -> None:
         g = self.gm
@@ -267,7 +310,8 @@ class OpCore:
             raise AssertionError(
                 {1: "compiled op engine: a ring or dependency table overflowed",
                  2: "compiled op engine: a tensor group's members' calls differ",
-                 3: "compiled op engine: a rank's event counter passed its packed key's bound"}[g[k.G_ERR]]
+                 3: "compiled op engine: a rank's event counter passed its packed key's bound",
+                 4: "compiled op engine: a send's block is not the compute stream's last"}[g[k.G_ERR]]
             )  # fmt: skip
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
@@ -505,11 +549,22 @@ class OpCore:
     def begin(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> None:
         """The block's proxy launched on the shard's compute stream (its stream position and
         dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
+        # the block's first op: its stream position and dependencies on the shard's compute stream
+        self.shard.launch(gpu, self._proxy(gpu, known, memory), "compute")
+
+    def begin_step(self, gpu: VirtualGPU, known: tuple, memory: list, after: Op | None) -> None:
+        """:meth:`begin` for a tape's step (tape.py), the step's receive ``after`` (None: done, or
+        none) waited for first (Op.wait): Shard.launch_block, that launch's rules for a proxy."""
+        self.shard.launch_block(gpu, self._proxy(gpu, known, memory), after)
+
+    def _proxy(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> Op:
+        """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
+        Allocations (:meth:`begin`)."""
         _, b, _, figures, mem_rows, plan = known
-        shard = self.shard
-        gpu._mv[k.R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         proxy = Op(BLOCK, None, *figures)
+        proxy.mem = None
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends
@@ -518,14 +573,13 @@ class OpCore:
             finals, kept, freed = plan
             for slot, name, size in finals:
                 memory[slot] = Allocation(given[slot] if name is None else name, size)
-            net = [memory[slot] for slot in kept]
+            net = list(map(memory.__getitem__, kept))  # (no comprehension's frame: a slot or two)
             for slot in freed:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            self.block_memory[id(proxy)] = (net, [given[slot] for slot in freed], mem_rows, given)
-        # the block's first op: its stream position and dependencies on the shard's compute stream
-        shard.launch(gpu, proxy, "compute")
+            proxy.mem = (net, list(map(given.__getitem__, freed)), mem_rows, given)
+        return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
         """The rest of a block's launch (after :meth:`begin`) in the kernels: ST_SUSPEND when the
@@ -533,8 +587,12 @@ class OpCore:
         have been suspended after the block's last row, an alloc or free that ran at once)."""
         shard = self.shard
         k.launch_rest(*self.args, gpu._ri, shard.now)
-        status = self._after()
-        if status == k.ST_SUSPEND:
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
+        if status == _ST_SUSPEND:
             return status
         if status != k.ST_LAUNCHED:
             # its last row, an alloc or free, ran at once (the program runs: no ST_IRESUME)
@@ -543,12 +601,285 @@ class OpCore:
                 shard._suspend(gpu)  # Shard.launch's check after that row
         return k.ST_LAUNCHED
 
+    # -- kernel sends (tape.py's kernel mode) -------------------------------------------------------
+    def launch_send(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline send (``message``: api.GPU.prepare_p2p's) on stream
+        ``name`` in the kernels: False (nothing done) where the Python rules must take it - a send
+        to another shard, the stream holds Python's ops, or a wait the program asked for, or the
+        rank has no slot left.
+
+        The shard's stream holds one stand-in op (kind KSENDS, started, never completed by the
+        Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
+        or one that waits for every stream seals it (:meth:`seal`), and the ops behind it go on when
+        its last send completes (:meth:`send_drained`), as behind that send."""
+        stream = gpu.streams.get(name)
+        if stream is None:
+            stream = gpu.stream(name)
+        ops = stream.ops
+        if ops:
+            stand_in = ops[0]
+            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+                return False
+        if gpu.pending_waits and name in gpu.pending_waits:
+            return False
+        # (the program prepares each message once: its descriptor by the tuple's identity)
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, dst, _, tag = message
+            if self.shard.rank_shard[dst] != self.shard.index:
+                return False  # (its Python op bounds this shard's output: lookahead.py)
+            d = self._descriptor(gpu, name, dst, tag)
+            if d < 0:
+                return False
+            self.send_desc[id(message)] = (message, d, gpu)
+        if not ops:
+            self._stand_in(gpu, stream)
+        last = gpu.streams["compute"].last  # (the block just launched, or done)
+        shard = self.shard
+        k.launch_send(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def _stand_in(self, gpu: VirtualGPU, stream) -> None:
+        """The stream's messages go to the kernels: its stand-in, the counters from the rank's."""
+        key = (gpu.rank, stream.name)
+        for e in self.slot_descs[key]:
+            self.kc[self.sd.item(e, k.SD_CTR)] = self._counts(gpu, e).get(self._pair(e), 0)
+        stand_in = self.stand_ins[key] = Op(KSENDS, stream.name, None, None, None, False)
+        stand_in.started = True
+        stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
+        stand_in.stream = stream
+        stand_in.gpu = gpu
+        stream.ops.append(stand_in)
+        stream.last = stand_in
+
+    def launch_recv(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline receive on stream ``name`` in the kernels, and the wait
+        of the block launched next for it (tape.py's phase 1, opkernels.R_RPEND): False (nothing
+        done) where the Python rules must take it - as for a send (launch_send), or the compute
+        stream's last op is not a block (a dependency the kernels do not hold), or has Python ops
+        depending on it (the kernels would start the receive before them), or the program asked
+        for waits, or the run has several shards. A ProgramError for a message of another size, as
+        p2p.PointToPoint._start_recv."""
+        if gpu.pending_waits or self.shard.shards > 1:
+            # (several shards: the lookahead's least delay of the block after it, Shard.launch's
+            # ``dl``, counts the receive it waits for in Python: kept there)
+            return False
+        compute = gpu.streams.get("compute")
+        last = compute.last if compute is not None else None
+        if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
+            return False
+        stream = gpu.streams.get(name)
+        if stream is None:
+            stream = gpu.stream(name)
+        ops = stream.ops
+        if ops:
+            stand_in = ops[0]
+            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+                return False
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, src, _, tag = message
+            d = self._descriptor(gpu, name, src, tag, True)
+            if d < 0:
+                return False
+            self.send_desc[id(message)] = (message, d, gpu)
+        if not ops:
+            self._stand_in(gpu, stream)
+        shard = self.shard
+        k.launch_recv(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def complete_recv(self, gpu: VirtualGPU, op: int, t: int) -> None:
+        """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete."""
+        k.complete_recv(*self.args, op, t)
+        status = self._after()
+        shard = self.shard
+        if status == _ST_LIMIT:
+            return
+        if status == k.ST_RESUME:
+            shard._maybe_resume(gpu)
+            return
+        # an instant op of the block it released stopped the kernels: as OpCore.stopped
+        self.instant_stop(gpu, status, t)
+        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
+    def recv_op(self, op: int) -> tuple:
+        """A kernel receive's rank and its Python op as the Python rules would have it (its name,
+        peer, bytes and tag: errors and deadlock reports)."""
+        src, tag = self._pair(self.ops.item(op, k.O_LOST))
+        size = self.ops.item(op, k.O_VAL)
+        gpu = self.shard.gpus[self.ranks[self.ops.item(op, k.O_RI)]]
+        return gpu, Op(RECV, f"recv(src={src}, tag={tag}, {size} B)", src, size, tag)
+
+    def _mismatch(self) -> None:
+        """ST_RMISMATCH: the receive's error (p2p.PointToPoint._check_recv)."""
+        g = self.gm
+        gpu, op = self.recv_op(g[k.G_RET_OP])
+        shard = self.shard
+        shard.now = g[k.G_RET_T]
+        shard._check_recv(gpu, op, op.a, g[k.G_RET_TSTART])
+        raise AssertionError("a receive's mismatch without one")
+
+    def _pair(self, e: int) -> tuple:
+        return self.sd.item(e, k.SD_DST), self.sd.item(e, k.SD_TAG)
+
+    def _counts(self, gpu: VirtualGPU, e: int) -> dict:
+        """The rank's message counters of descriptor ``e``'s kind (p2p.PointToPoint's)."""
+        return gpu.p2p_recv if self.sd.item(e, k.SD_RECV) else gpu.p2p_send
+
+    def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int, recv: bool = False) -> int:
+        """The descriptor of a send (or ``recv``: a receive from ``dst``) of (rank, stream, peer,
+        tag), new with its stream slot where needed, or -1 when the rank's slots are taken."""
+        d = self.desc_of.get((gpu.rank, name, dst, tag))
+        if d is not None:
+            return d
+        names = self.slot_names.setdefault(gpu._ri, [])
+        if name not in names:
+            if len(names) >= k.NSS:
+                return -1
+            names.append(name)
+            base = k.R_SS0 + names.index(name) * k.SS_FIELDS
+            self.rs[gpu._ri, base + k.SS_HEAD] = self.rs[gpu._ri, base + k.SS_TAIL] = -1
+            self.rs[gpu._ri, base + k.SS_BLK] = -1
+            self.slot_descs[(gpu.rank, name)] = []
+        d = self.n_sd
+        self.sd = _grown(self.sd, d + 1)
+        self.kc = _grown(self.kc, d + 1)
+        self.sd[d] = (dst, tag, 0 if recv else self.shard.core.rid(gpu.rank, dst), d, names.index(name), recv)
+        # (the counter as the rank has it: any message of this pair so far ran in Python)
+        self.kc[d] = self._counts(gpu, d).get((dst, tag), 0)
+        self.n_sd = d + 1
+        self.desc_of[(gpu.rank, name, dst, tag)] = d
+        self.slot_descs[(gpu.rank, name)].append(d)
+        self._pack_if_grown()
+        return d
+
+    def _slot_base(self, gpu: VirtualGPU, name: str) -> int:
+        return k.R_SS0 + self.slot_names[gpu._ri].index(name) * k.SS_FIELDS
+
+    def _hand_back(self, gpu: VirtualGPU, name: str) -> Op:
+        """The stream's sends are Python's again: the rank's counters take the kernels'."""
+        stand_in = self.stand_ins.pop((gpu.rank, name))
+        for e in self.slot_descs[(gpu.rank, name)]:
+            n = self.kc.item(self.sd.item(e, k.SD_CTR))
+            pair = self._pair(e)
+            counts = self._counts(gpu, e)
+            if n != counts.get(pair, 0):
+                counts[pair] = n
+        self.rs[gpu._ri, self._slot_base(gpu, name) + k.SS_SEAL] = 0
+        return stand_in
+
+    def seal(self, gpu: VirtualGPU, stream) -> None:
+        """Python is about to launch on ``stream``, or to wait for its last op, whose sends the
+        kernels hold: when they are all done the stand-in goes (the stream is Python's again), else
+        it stays the stream's head and last op until the last send completes (send_drained)."""
+        stand_in = stream.last
+        if stand_in.d:
+            return  # sealed already
+        if self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD] < 0:
+            self._hand_back(gpu, stream.name)
+            assert stream.ops[0] is stand_in and len(stream.ops) == 1
+            stream.ops.popleft()
+            stand_in.done = True
+            return
+        stand_in.d = True
+        self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_SEAL] = 1
+
+    def show_sends(self) -> None:
+        """Before the streams are read for a deadlock report (Shard.blocked): a stand-in whose
+        messages are done goes, and one with messages left shows its head as the Python op would be
+        (its name, whether it started, whether it waits for the compute stream). The run ends there."""
+        for stand_in in list(self.stand_ins.values()):
+            gpu, stream = stand_in.gpu, stand_in.stream
+            head = self.rs.item(gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD)
+            if head < 0:
+                if not stand_in.d:
+                    self.seal(gpu, stream)
+                continue
+            if self.ops.item(head, k.O_KIND) == k.K_R:
+                op = self.recv_op(head)[1]
+            else:
+                dst, tag = self._pair(self.ops.item(head, k.O_LOST))
+                size = self.ops.item(head, k.O_VAL)
+                op = Op(SEND, f"send(dst={dst}, tag={tag}, {size} B)", dst, size, tag)
+            op.stream, op.gpu = stream, gpu
+            op.deps_left = self.ops.item(head, k.O_DEPS)
+            op.started = self.ops.item(head, k.O_STATE) == k.S_STARTED
+            op.t_start = self.ops.item(head, k.O_TSTART)
+            stream.ops[0] = op
+        # a block whose first op waits for a kernel receive: its proxy (started, waiting for nothing
+        # of Python's) shows as the Python rules' would, waiting for the receive's stream
+        for ri, names in self.slot_names.items():
+            first = self.rs.item(ri, k.R_CHEAD)
+            if first < 0 or not self.ops.item(first, k.O_DEPS):
+                continue
+            gpu = self.shard.gpus[self.ranks[ri]]
+            compute = gpu.streams.get("compute")
+            proxy = compute.ops[0] if compute is not None and compute.ops else None
+            if proxy is None or proxy.kind != BLOCK or proxy.deps_left:
+                continue
+            for slot in range(len(names)):
+                op = self.rs.item(ri, k.R_SS0 + slot * k.SS_FIELDS + k.SS_HEAD)
+                while op >= 0:
+                    deps = [self.ops.item(op, k.O_DEP0 + j) for j in range(self.ops.item(op, k.O_NDEP))]
+                    if self.ops.item(op, k.O_KIND) == k.K_R and first in deps:
+                        proxy.deps_left = 1
+                    op = self.ops.item(op, k.O_NEXT)
+
+    def send_drained(self) -> None:
+        """The kernels stopped at the last send of a sealed stream (ST_SDRAIN): its stand-in
+        completes as that send would in Shard._complete, its counts taken by the kernels."""
+        gpu, t = self.resumed()
+        self.drained(gpu, self.gm[k.G_SS], t)
+
+    def drained(self, gpu: VirtualGPU, slot: int, t: int, resume: bool = True) -> None:
+        """The last kernel op of the sealed stream of ``slot`` completed at ``t``: the stand-in goes
+        as that op would (its dependents, the stream's next ops; then the program's check, where
+        the kernels stopped before it: ``resume``)."""
+        shard = self.shard
+        shard.now = t
+        name = self.slot_names[gpu._ri][slot]
+        stand_in = self._hand_back(gpu, name)
+        stand_in.done = True
+        stand_in.t_end = t
+        stream = stand_in.stream
+        stream.ops.popleft()
+        dependents = stand_in.dependents
+        if dependents is not None:
+            stand_in.dependents = None
+            for dep in dependents:
+                dep.deps_left -= 1
+                if dep.deps_left == 0:
+                    s = dep.stream
+                    s.unblocked_by = name
+                    if s.ops and s.ops[0] is dep:
+                        shard._try_start(gpu, s)
+        if stream.ops:
+            shard._try_start(gpu, stream)
+        if resume and gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
     # -- events ---------------------------------------------------------------------------------
     def start_block(self, gpu: VirtualGPU, proxy: Op, t: int) -> None:
         ri = gpu._ri
         self.proxies[ri] = proxy
         k.start_block(*self.args, ri, t)
-        status = self._after()
+        g = self.gm  # (_after, inline)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        status = g[_G_STATUS]
         if status != _ST_LIMIT:
             self.instant_stop(gpu, status, t)
 
@@ -566,7 +897,12 @@ class OpCore:
         if status == k.ST_IBLOCK:
             proxy = self.proxies[gpu._ri]
             self._apply_memory(gpu, proxy)
-            shard._complete(gpu, proxy, t, start_next=False)
+            # a kernel receive it released that completed at once lets the next block's proxy start
+            # where the Python rules would: among the block's dependents, before the program's check
+            released = self.gm[k.G_PREL]
+            if released:
+                self.gm[k.G_PREL] = 0
+            shard._complete(gpu, proxy, t, start_next=released != 0)
             if proxy.stream.ops:
                 shard._try_start(gpu, proxy.stream)
         elif status == k.ST_OOM:
@@ -574,22 +910,23 @@ class OpCore:
         else:
             assert status == k.ST_LIMIT, status
 
-    def stopped(self, status: int) -> None:
+    def stopped(self, status: int, gpu: CompiledGPU, t: int) -> None:
         """A run() call stopped at an instant op (instant_stop) in the compute stream's loop that a
-        compute op's completion began: after the loop, that completion's check (Shard._complete)."""
-        gpu, t = self.resumed()
+        compute op's completion of ``gpu`` began at ``t`` (:meth:`resumed`): after the loop, that
+        completion's check (Shard._complete; CompiledGPU's fields, without its properties)."""
         shard = self.shard
         shard.now = t
         self.instant_stop(gpu, status, t)
-        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+        if gpu._susp and (gpu._sync is not None or gpu._mv[k.R_OUT] <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
     def _apply_memory(self, gpu: VirtualGPU, proxy: Op) -> None:
         """What the block's allocs and frees leave on the rank's set of live allocations (Shard._instant
         row by row: an allocation the block frees again leaves nothing; the kernels counted the
         bytes)."""
-        entry = self.block_memory.pop(id(proxy), None)
+        entry = proxy.mem
         if entry is not None:
+            proxy.mem = None
             live = gpu.allocations
             for obj in entry[0]:
                 live.add(obj)
@@ -601,7 +938,8 @@ class OpCore:
         up to it applied one by one on the rank's set of live allocations."""
         pos = int(self.ops[self.gm[k.G_RET_OP], k.O_LOST])  # its row in the block
         proxy = self.proxies[gpu._ri]
-        _, _, mem_rows, given = self.block_memory.pop(id(proxy))
+        _, _, mem_rows, given = proxy.mem
+        proxy.mem = None
         memory = list(given)
         live = gpu.allocations
         for row, slot, alloc, size, name in mem_rows:
@@ -616,17 +954,26 @@ class OpCore:
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
-        ib, gb, fb, tf, free = self.args
+        ib, gb, fb, tf, free, net = self.args
         if limit is None:
-            k.run(ib, gb, fb, tf, free, _NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(ib, gb, fb, tf, free, net, _NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(ib, gb, fb, tf, free, *limit, horizon)
+            k.run(ib, gb, fb, tf, free, net, *limit, horizon)
         # (_after, inline: a call every dozen events)
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:
             self._overflowed()
+        if g[_G_SENT] or g[_G_LOW] or g[_G_RDRAIN]:
+            self._net_after()
         self.top = self.top_row[0] if g[_G_HEAPN] else INF
-        return g[_G_STATUS]
+        status = g[_G_STATUS]
+        if status == _ST_RMISMATCH:
+            try:
+                self._mismatch()
+            except EmulatorError as exc:  # at the compute completion the kernels stopped at
+                at_event(exc, (g[k.G_RET_T], EV_OP_DONE, self.ranks[g[k.G_RET_RI]]))
+                raise
+        return status
 
     def block_done(self) -> tuple[VirtualGPU, Op, int]:
         """The block whose last compute op the last call completed: its proxy becomes that op
@@ -635,15 +982,16 @@ class OpCore:
         ri = g[_G_RET_RI]
         proxy = self.proxies[ri]
         gpu = self.shard.gpus[self.ranks[ri]]
-        if self.block_memory:
+        if proxy.mem is not None:
             self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[_G_RET_TSTART]
+        g[k.G_PREL] = 0  # (its completion starts the compute stream's next op before the program's check)
         return gpu, proxy, g[_G_RET_T]
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm
-        return self.shard.gpus[self.ranks[g[k.G_RET_RI]]], g[k.G_RET_T]
+        return self.shard.gpus[self.ranks[g[_G_RET_RI]]], g[_G_RET_T]
 
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -688,6 +1036,18 @@ class OpCore:
         for rank, ns in rs[np.flatnonzero(rs[:, k.R_LOST])][:, [k.R_RANK, k.R_LOST]].tolist():
             lost[rank] = lost.get(rank, 0) + ns
         rs[:, k.R_LOST] = 0
+        for ri, names in self.slot_names.items():
+            gpu = self.shard.gpus[self.ranks[ri]]
+            for slot, name in enumerate(names):
+                base = k.R_SS0 + slot * k.SS_FIELDS
+                if rs[ri, base + k.SS_HIT]:
+                    waits = gpu.wait_ns.setdefault(name, {})
+                    waits["compute"] = waits.get("compute", 0) + int(rs[ri, base + k.SS_WAIT])
+                    rs[ri, base + k.SS_HIT] = rs[ri, base + k.SS_WAIT] = 0
+                if rs[ri, base + k.SS_CHIT]:  # the compute stream waited for this receive stream
+                    waits = gpu.wait_ns.setdefault("compute", {})
+                    waits[name] = waits.get(name, 0) + int(rs[ri, base + k.SS_CWAIT])
+                    rs[ri, base + k.SS_CHIT] = rs[ri, base + k.SS_CWAIT] = 0
         for ri in np.flatnonzero(rs[:, k.R_WCT_HIT] | rs[:, k.R_WTC_HIT]).tolist():
             gpu = self.shard.gpus[int(rs[ri, k.R_RANK])]
             for hit, col, stream, by in _WAITS:
@@ -724,7 +1084,7 @@ def _memory_plan(mem_rows: tuple | None) -> tuple | None:
     return tuple(last.values()), kept, tuple(freed)
 
 
-def warm_up() -> None:
+def warm_up(net=None) -> None:
     """Load every kernel of opkernels.py (compiled on first use, then from numba's cache): called
     by netcore.warm_up, in the background thread that loads the collective kernels while a run
     starts, so that a first run's compile does not count as emulation time."""
@@ -742,3 +1102,17 @@ def warm_up() -> None:
     k.start_block(*core.args, 0, 0)
     k.cont(*core.args, 0, 0)
     k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+    if net is not None:  # a send to rank 1 through netcore.warm_up's core (``net``), and its completion
+        core.net = net.table
+        core.enable_sends()
+        core.sd[0] = (1, 0, net.rid(0, 1), 0, 0, 0)
+        core.rs[0, k.R_SS0 + k.SS_HEAD] = core.rs[0, k.R_SS0 + k.SS_TAIL] = core.rs[0, k.R_SS0 + k.SS_BLK] = -1
+        core._pack()
+        k.launch_send(*core.args, 0, 0, 1, 0, 0)
+        k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+        # a receive from rank 1 that waits, completed as at its hand-over
+        base = k.R_SS0 + k.SS_FIELDS
+        core.sd[1] = (1, 0, 0, 1, 1, 1)
+        core.rs[0, base + k.SS_HEAD] = core.rs[0, base + k.SS_TAIL] = core.rs[0, base + k.SS_BLK] = -1
+        k.launch_recv(*core.args, 0, 1, 1, 0, 0)
+        k.complete_recv(*core.args, int(core.rs[0, base + k.SS_HEAD]), 0)

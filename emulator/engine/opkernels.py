@@ -18,6 +18,12 @@ for the overlapped one), ``I_A`` / ``I_F`` (alloc / free of ``value`` bytes, fla
 in the block: OpCore finds its Allocation by it). Plans ``pl[p, P_*]`` with their ports
 ``plk[pl[p, P_LPTR] : + pl[p, P_LLEN]]``;
 ``gr`` the open call of each tensor group whose members arrive one by one (GR_*).
+
+A tape's pipeline sends and receives (tape.py, OpCore.launch_send / launch_recv) are ops of the same
+ring (K_S, K_R) on per-rank stream slots (``rs[ri, R_SS0 + slot * SS_FIELDS + SS_*]``), described
+by ``sd`` rows (peer, tag, route, counter, slot, receive?) with the rank's message counters ``kc``:
+the rules of p2p.py (``_start_send``, ``_start_recv``) over the message core's arrays (netkernels'
+table, ``A_NET``), their completions events of this heap with the rank's ``seq``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,38 @@ from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one 
 from emulator.engine.kernel_memory import prefetch as _prefetch
 from emulator.engine.kernel_memory import prefetch_w as _prefetch_w
 from emulator.engine.kernel_memory import void_ptr as _void_ptr
+from emulator.engine.netkernels import (
+    HEAP_N,
+    HT_FILL,
+    HT_MSG,
+    HT_RECV,
+    MSG_N,
+    OUT_N,
+    PEND_N,
+    SEND_KIND,
+    T_HEAP,
+    T_HTK,
+    T_MSG,
+    T_OUTB,
+    T_PEND,
+    T_ST,
+    TOP_KIND,
+    TOP_ORIGIN,
+    TOP_RANK,
+    TOP_SEQ,
+    TOP_T,
+    X_CHAN,
+    X_PEER,
+    X_RID,  # fmt: skip
+    X_SIZE,
+    _ht_delete,
+    _ht_find,
+    _ht_insert,
+    _inject,
+    _set_top,
+    _views,
+)
+from emulator.engine.netkernels import TABLE as _NET_TABLE
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
@@ -40,7 +78,21 @@ R_BEGIN = R_RANK + 1  # the template of the block the program launched and no ke
 R_LOST = R_BEGIN + 1  # charged minus nominal compute of the block ops done (a slow GPU: Shard.compute_lost_ns)
 # memory (shared with the Python rules, CompiledGPU.mem_used / mem_peak): bytes in use, the peak, the capacity
 R_MEM, R_PEAK, R_CAP = R_LOST + 1, R_LOST + 2, R_LOST + 3
-R_FIELDS = R_CAP + 1
+# a rank's pipeline send streams whose sends the kernels run (tape.py's kernel sends, OpCore.launch_send):
+# per stream slot its head and tail op, when its head began waiting for the compute stream (-1: not),
+# the ns it waited and whether it did (Shard._try_start's wait_ns[stream]["compute"]), and whether
+# Python queued ops behind its sends (sealed: the kernels stop when its last send completes, ST_SDRAIN)
+# (receive streams too: SS_CWAIT / SS_CHIT, the ns the compute stream waited for one of its receives,
+# Shard._try_start's wait_ns["compute"][stream])
+NSS = 8
+SS_HEAD, SS_TAIL, SS_BLK, SS_WAIT, SS_HIT, SS_SEAL, SS_CWAIT, SS_CHIT = range(8)
+SS_FIELDS = 8
+R_SS0 = R_CAP + 1
+# R_RPEND: a tape's receive that the block launched next waits for (-1: none; tape.py's phase 1);
+# R_CBY: what released the compute stream's head last (0: the tensor stream, 1 + slot: a receive)
+R_RPEND = R_SS0 + NSS * SS_FIELDS
+R_CBY = R_RPEND + 1
+R_FIELDS = R_CBY + 1
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 # a compute-stream op's dependents are the tensor collectives launched after it before the next one
@@ -50,6 +102,15 @@ MAX_DEPS = MAX_WAITS
 O_FIELDS = O_DEP0 + MAX_DEPS
 assert O_FIELDS == 16 and O_GATE < 8
 K_C, K_M, K_A, K_F = 0, 1, 2, 3  # compute, collective, alloc, free (the last two instant: Shard._instant)
+# a pipeline send (p2p.PointToPoint._start_send): ``O_VAL`` its bytes, ``O_LOST`` its descriptor, a row
+# of ``sd``: (destination, tag, route id of the message core, counter, stream slot); its counter
+# ``kc[counter]`` is the rank's p2p_send count for (destination, tag)
+K_S = 4
+# a pipeline receive (p2p.PointToPoint._start_recv): ``O_VAL`` its bytes, ``O_LOST`` its descriptor
+# (SD_DST its source, SD_RID unused), ``kc`` the rank's p2p_recv count for (source, tag)
+K_R = 5
+SD_DST, SD_TAG, SD_RID, SD_CTR, SD_SLOT, SD_RECV = range(6)
+SD_FIELDS = 6
 S_DONE, S_LAUNCHED, S_STARTED = 0, 1, 2  # a free slot is a done op: zeroed arrays start free
 I_C, I_M, I_W, I_A, I_F = 0, 1, 2, 3, 4
 # plans
@@ -65,7 +126,23 @@ GR_FIELDS = GR_MEM0 + 2 * MAX_MEMBERS
 # globals
 (G_HEAPN, G_EVENTS, G_STATUS, G_RET_RI, G_RET_T, G_RET_TSTART, G_RET_OP, G_RING, G_MAXAHEAD, G_BUCKET, G_NOVF,
  G_ERR) = range(12)  # fmt: skip
-G_FIELDS = 12
+# G_SENT: a send was put in the message core's heap (OpCore refreshes NetCore.top); G_LOW: the message
+# core's arrays have less room than a call may take (NET_LOW messages: OpCore grows them); G_SS: the
+# stream slot of an ST_SDRAIN
+# G_NET: 1 when the message core's table is a real one (OpCore.attach_net; not in warm_up or the tests)
+G_SENT, G_LOW, G_SS, G_NET = 12, 13, 14, 15
+# G_RDRAIN: 1 + the slot of a sealed receive stream whose last kernel receive completed inside a
+# call (G_RDRAIN_RI its rank index): Python starts its ops behind it first (OpCore.drained)
+G_RDRAIN, G_RDRAIN_RI, G_RDRAIN_T = 16, 17, 18
+# G_PREL: a receive the block's end started completed at once and released the next block's first op
+# (its proxy would start among the ended block's dependents: OpCore.instant_stop starts it before the
+# program's check)
+G_PREL = 19
+G_FIELDS = 20
+# a kernel call starts at most MAX_DEPS + 1 sends outside the event loop, and an event as many: the
+# loop stops (ST_LIMIT, G_LOW) before an event with less room than NET_EVENT messages, and every call
+# leaves G_LOW when less than NET_LOW are left (OpCore grows the core's arrays before the next call)
+NET_EVENT, NET_LOW = 8, 16
 NO_LIMIT = 1 << 62  # netkernels.NO_LIMIT: no key limit
 # a heap row's key: ``rank << SEQ_BITS | seq`` orders as ``(rank, seq)`` while rank < 2^RANK_BITS
 # (8,388,608 GPUs: OpCore checks the world size) and seq < 2^SEQ_BITS (10^12 events of one rank:
@@ -81,6 +158,11 @@ ST_LIMIT, ST_BLOCK_DONE, ST_RESUME, ST_SUSPEND, ST_LAUNCHED = range(5)
 # (ST_IRESUME: then ``cont`` goes on with the loop), the block's last op was instant (ST_IBLOCK: the
 # proxy completes, the shard's compute stream goes on), or an alloc passed the capacity (ST_OOM)
 ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
+# the last send of a sealed send stream completed (G_SS its slot): Python's ops behind it go on
+ST_SDRAIN = 8
+# a receive met a message of another size when it started (G_RET_RI, G_RET_OP, G_RET_T; G_RET_TSTART
+# the message's bytes): Python raises the receive's error (p2p.PointToPoint._check_recv)
+ST_RMISMATCH = 9
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -89,8 +171,8 @@ ST_IRESUME, ST_IBLOCK, ST_OOM = 5, 6, 7
 # ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
 H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
 IB_HEADER = 20
-H_TI, H_TP, H_PL, H_PLK, H_TL = range(0, 10, 2)
-GB_HEADER = 10
+H_TI, H_TP, H_PL, H_PLK, H_TL, H_SD, H_KC = range(0, 14, 2)
+GB_HEADER = 14
 
 
 @njit(cache=True, inline="always")
@@ -313,7 +395,8 @@ def _start_at(P, ri, op, t):
 def _start(rs, ops, of, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, ri, op, t):
     """_start_at over arrays (tests/emulator/engine/test_opcore_fuzz.py calls the rule this way)."""
     # (no template is read: ti, tf, tp and rf stand in by arrays never indexed)
-    _start_at(_table(rs, ops, of, of, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), ri, op, t)
+    P = _table(rs, ops, of, of, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr)
+    _start_at(P + (P[A_RS], P[A_RS], P[A_RS]), ri, op, t)
 
 
 @njit(cache=True)
@@ -332,8 +415,14 @@ def _try_c(P, ri, t):
                 rs[ri, R_CBLK] = t
             return ST_LIMIT
         if rs[ri, R_CBLK] >= 0:
-            rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream (its only dependencies)
-            rs[ri, R_WCT_HIT] = 1
+            by = rs[ri, R_CBY]
+            if by:  # a block's first op, released by a tape's receive (_recv_done)
+                base = R_SS0 + (by - 1) * SS_FIELDS
+                rs[ri, base + SS_CWAIT] += t - rs[ri, R_CBLK]
+                rs[ri, base + SS_CHIT] = 1
+            else:
+                rs[ri, R_WCT] += t - rs[ri, R_CBLK]  # blocked by the tensor stream
+                rs[ri, R_WCT_HIT] = 1
             rs[ri, R_CBLK] = -1
         if ops[op, O_KIND] == K_C:
             _start_at(P, ri, op, t)
@@ -370,7 +459,10 @@ def _instant(P, ri, op, t):
     if nxt < 0:
         rs[ri, R_CTAIL] = -1
     if ops[op, O_LAST]:
-        # the block's last op: the shard completes its proxy (counters, dependents, the program)
+        # the block's last op: the shard completes its proxy (counters, dependents, the program);
+        # kernel sends and receives first
+        if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
+            return ST_RMISMATCH
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_OP] = op
@@ -450,6 +542,11 @@ def _begin_block(P, ri, b):
     rs[ri, R_BPOS] = 1
     rs[ri, R_PEND] = -1
     rs[ri, R_NWAIT] = 0
+    recv = rs[ri, R_RPEND]
+    if recv >= 0:  # (tape.py's phase 1: the proxy's wait for the step's receive, Op.wait on "compute")
+        rs[ri, R_RPEND] = -1
+        if ops[recv, O_STATE] != S_DONE:
+            _add_dep(ops, g, op, recv)
     g[G_RET_OP] = op
 
 
@@ -566,7 +663,9 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
             rs[ri, R_TTAIL] = -1
     if ops[op, O_LAST]:
         # the block's last compute op: the shard completes its proxy (counters, dependents, the
-        # compute stream's next op, the program) with this op's figures
+        # compute stream's next op, the program) with this op's figures; kernel sends and receives first
+        if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
+            return ST_RMISMATCH
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_TSTART] = ops[op, O_TSTART]
@@ -588,6 +687,7 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
         if ops[dep, O_DEPS] == 0:
             if ops[dep, O_KIND] == K_C:
                 # a compute op (alloc and free have no dependencies): it starts, no instant op runs
+                rs[ri, R_CBY] = 0
                 if rs[ri, R_CHEAD] == dep:
                     _try_c(P, ri, t)
             elif rs[ri, R_THEAD] == dep:
@@ -601,6 +701,274 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
             return status
     else:
         _try_t(P, rs, ops, ri, t)
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True, inline="always")
+def _net(P):
+    """The message core's table (netkernels.TABLE) as an array."""
+    return carray(_void_ptr(P[A_NET]), _NET_COLS, np.int64)
+
+
+@njit(cache=True, inline="always")
+def _net_room(P):
+    """How many more messages the message core's arrays take (those a send fills)."""
+    pn = _net(P)
+    st = carray(_void_ptr(pn[3 * T_ST]), pn[3 * T_ST + 1], np.int64)
+    room = pn[3 * T_HEAP + 1] - st[HEAP_N]
+    room = min(room, pn[3 * T_MSG + 1] - st[MSG_N])
+    room = min(room, pn[3 * T_OUTB + 1] - st[OUT_N])
+    room = min(room, pn[3 * T_HTK + 1] // 2 - st[HT_FILL])  # (a receive that waits takes a row)
+    return min(room, pn[3 * T_PEND + 1] - st[PEND_N])
+
+
+@njit(cache=True)
+def _note_room(P):
+    """G_LOW when the next call could lack room for its sends (only where the kernels send)."""
+    g = _i1(P, A_G)
+    if g[G_NET] and _net_room(P) < NET_LOW:
+        g[G_LOW] = 1
+
+
+@njit(cache=True)
+def _try_s(P, ri, base, t):
+    """Shard._try_start on a kernel send stream (its slot's fields from ``base``): its head send
+    starts when its dependency (the compute stream's block) is done: p2p.PointToPoint._start_send,
+    its message put on the up-links by the message core's rules (netkernels.send_message), its
+    completion an event of this heap at the tail's leaving, keyed from the rank's counter."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    op = rs[ri, base + SS_HEAD]
+    if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+        return
+    if ops[op, O_DEPS]:
+        if rs[ri, base + SS_BLK] < 0:
+            rs[ri, base + SS_BLK] = t
+        return
+    if rs[ri, base + SS_BLK] >= 0:
+        rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
+        rs[ri, base + SS_HIT] = 1
+        rs[ri, base + SS_BLK] = -1
+    ops[op, O_STATE] = S_STARTED
+    ops[op, O_TSTART] = t
+    sd = _i2(P, A_SD, SD_FIELDS)
+    kc = _i1(P, A_KC)
+    g = _i1(P, A_G)
+    d = ops[op, O_LOST]
+    c = sd[d, SD_CTR]
+    k = kc[c]
+    kc[c] = k + 1
+    src = rs[ri, R_RANK]
+    pn = _net(P)
+    (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+     tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, px) = _views(pn)  # fmt: skip
+    # (netkernels.send_message without its room check: OpCore keeps the room, G_LOW)
+    size = ops[op, O_VAL]
+    px[0, X_PEER] = sd[d, SD_DST]
+    px[0, X_SIZE] = size
+    px[0, X_CHAN] = 0
+    px[0, X_RID] = sd[d, SD_RID]
+    end_up = _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend,
+                     rank_shard, mseq, outb, px, 0, src, 0, sd[d, SD_TAG], k, size, 0, SEND_KIND, t)  # fmt: skip
+    _set_top(st, heap)
+    g[G_SENT] = 1
+    heap_o = _i2(P, A_HEAP, 3)
+    seq = rs[ri, R_SEQ] + 1
+    rs[ri, R_SEQ] = seq
+    _push(heap_o, g, end_up, src, seq, op)
+
+
+@njit(cache=True)
+def _try_r(P, ri, base, t):
+    """Shard._try_start on a kernel receive stream: its head receive starts when its dependency (the
+    compute stream's block) is done - p2p.PointToPoint._start_recv with the message core's rules
+    (netkernels.start_receive): a message in the mailbox completes it at its delivery (an event of
+    this heap, or at once: then the loop goes on), else it waits in the core's table for the
+    hand-over (netkernels._handover completes it: RECV_DONE, then complete_recv). ST_RMISMATCH
+    for a message of another size; a completion at once releases only gated ops (its block's
+    first op: the proxy starts later), so it makes no other status."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    kc = _i1(P, A_KC)
+    g = _i1(P, A_G)
+    while True:
+        op = rs[ri, base + SS_HEAD]
+        if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+            return ST_LIMIT
+        if ops[op, O_DEPS]:
+            if rs[ri, base + SS_BLK] < 0:
+                rs[ri, base + SS_BLK] = t
+            return ST_LIMIT
+        if rs[ri, base + SS_BLK] >= 0:
+            rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
+            rs[ri, base + SS_HIT] = 1
+            rs[ri, base + SS_BLK] = -1
+        ops[op, O_STATE] = S_STARTED
+        ops[op, O_TSTART] = t
+        d = ops[op, O_LOST]
+        c = sd[d, SD_CTR]
+        k = kc[c]
+        kc[c] = k + 1
+        rank = rs[ri, R_RANK]
+        src, tag, size = sd[d, SD_DST], sd[d, SD_TAG], ops[op, O_VAL]
+        pn = _net(P)
+        (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
+         tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, px) = _views(pn)  # fmt: skip
+        i = _ht_find(htk, hts, HT_MSG, rank, 0, tag, 0, src, k)
+        if i < 0:
+            j = _ht_insert(htk, hts, st, HT_RECV, rank, 0, tag, 0, src, k)
+            htv[j, 0] = -2 - op  # (a kernel receive: netcore's ids are >= 0)
+            htv[j, 1] = size
+            htv[j, 2] = t
+            return ST_LIMIT
+        delivery, got = htv[i, 0], htv[i, 1]
+        _ht_delete(htk, htv, hts, st, i)
+        if got != size:
+            g[G_RET_RI] = ri
+            g[G_RET_OP] = op
+            g[G_RET_T] = t
+            g[G_RET_TSTART] = got
+            return ST_RMISMATCH
+        if delivery > t:
+            heap_o = _i2(P, A_HEAP, 3)
+            seq = rs[ri, R_SEQ] + 1
+            rs[ri, R_SEQ] = seq
+            _push(heap_o, g, delivery, rank, seq, op)
+            return ST_LIMIT
+        dep = _recv_done(P, ri, op, t)
+        if dep >= 0 and not ops[dep, O_GATE]:
+            g[G_ERR] = 5  # a receive at once released more than a gated op (an engine bug)
+            return ST_LIMIT
+        if dep != -1:
+            g[G_PREL] = 1
+
+
+@njit(cache=True)
+def _recv_done(P, ri, op, t):
+    """Shard._complete of a kernel receive up to its stream's next op: its counts, its dependents
+    (the block it was launched for: its first op, whose release names the receive's stream, R_CBY);
+    returns that op when it is released at the compute stream's head (the caller starts it with
+    _try_c: not called here, numba's cache cannot load mutually recursive kernels and _try_c reaches
+    _try_r), -2 when the block launched for it has not begun (its proxy waited for it alone), else
+    -1. A sealed stream left empty: G_RDRAIN (Python's ops behind it first)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    ops[op, O_STATE] = S_DONE
+    start = -1
+    if rs[ri, R_RPEND] == op:
+        rs[ri, R_RPEND] = -1
+        if rs[ri, R_BEGIN] >= 0:
+            start = -2  # the block launched for it is not begun yet: its proxy waited for it alone
+    slot = sd[ops[op, O_LOST], SD_SLOT]
+    base = R_SS0 + slot * SS_FIELDS
+    nxt = ops[op, O_NEXT]
+    rs[ri, base + SS_HEAD] = nxt
+    if nxt < 0:
+        rs[ri, base + SS_TAIL] = -1
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    for k in range(ops[op, O_NDEP]):
+        dep = ops[op, O_DEP0 + k]
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0:
+            rs[ri, R_CBY] = 1 + slot
+            if rs[ri, R_CHEAD] == dep:
+                start = dep
+    ops[op, O_NDEP] = 0
+    if nxt < 0 and rs[ri, base + SS_SEAL]:
+        g[G_RDRAIN] = 1 + slot
+        g[G_RDRAIN_RI] = ri
+        g[G_RDRAIN_T] = t
+    return start
+
+
+@njit(cache=True)
+def _recv_rest(P, ri, op, t, status):
+    """The rest of a kernel receive's completion after its dependents (``status``: theirs): its
+    stream's next ops (the Python rules would start them after the dependents' own rules, which
+    only an instant op's stop leaves to Python: the next receive waits for a later block), then the
+    program's check (ST_RESUME), unless Python goes on with ``status``."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    base = R_SS0 + sd[_i2(P, A_OPS, O_FIELDS)[op, O_LOST], SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_HEAD] >= 0:
+        st2 = _try_r(P, ri, base, t)
+        if st2 != ST_LIMIT:
+            return st2
+    if status != ST_LIMIT:
+        return status
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True)
+def _release_sends(P, ri, op, t):
+    """The block's last op ``op`` is done: the sends launched after it (its dependents) go on, as
+    the dependents of its proxy would (Shard._complete: before the shard's own rules for the proxy)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    n = ops[op, O_NDEP]
+    for k in range(n):
+        dep = ops[op, O_DEP0 + k]
+        kind = ops[dep, O_KIND]
+        if kind != K_S and kind != K_R:
+            continue
+        ops[dep, O_DEPS] -= 1
+        if ops[dep, O_DEPS] == 0:
+            base = R_SS0 + sd[ops[dep, O_LOST], SD_SLOT] * SS_FIELDS
+            if rs[ri, base + SS_HEAD] == dep:
+                if kind == K_S:
+                    _try_s(P, ri, base, t)
+                elif _try_r(P, ri, base, t) == ST_RMISMATCH:
+                    g[G_STATUS] = ST_RMISMATCH
+                    return ST_RMISMATCH
+    ops[op, O_NDEP] = 0
+    return ST_LIMIT
+
+
+@njit(cache=True)
+def _complete_send(P, ri, op, t):
+    """Shard._complete for a kernel send; ST_SDRAIN when its stream was sealed and is now empty
+    (before the program's check: Python's ops behind it come first, as its stream's next ops)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    ops[op, O_STATE] = S_DONE
+    slot = sd[ops[op, O_LOST], SD_SLOT]
+    base = R_SS0 + slot * SS_FIELDS
+    nxt = ops[op, O_NEXT]
+    rs[ri, base + SS_HEAD] = nxt
+    if nxt < 0:
+        rs[ri, base + SS_TAIL] = -1
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    if nxt >= 0:
+        _try_s(P, ri, base, t)
+    elif rs[ri, base + SS_SEAL]:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        g[G_SS] = slot
+        return ST_SDRAIN
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
         g[G_RET_RI] = ri
         g[G_RET_T] = t
@@ -637,9 +1005,13 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
     rf = _f1(P, A_RF)
     heap = _i2(P, A_HEAP, 3)
     g = _i1(P, A_G)
+    sends = g[G_NET] != 0
     while g[G_HEAPN] > 0:
         t = heap[0, 0]
         if t >= horizon:
+            break
+        if sends and _net_room(P) < NET_EVENT:
+            g[G_LOW] = 1  # OpCore grows the message core's arrays; the shard's loop calls again
             break
         # the key (t, EV_OP_DONE=2, rank, rank, seq) against the limit
         if t > lt:
@@ -662,9 +1034,30 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
             if n > 2:
                 _prefetch_row(ops, heap[2, 2])
         g[G_EVENTS] += 1
-        status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
+        kind = ops[op, O_KIND]
+        if kind == K_S:
+            status = _complete_send(P, ops[op, O_RI], op, t)
+        elif kind == K_R:  # a receive whose message was in the mailbox, delivered now
+            ri = ops[op, O_RI]
+            status = ST_LIMIT
+            if _recv_done(P, ri, op, t) >= 0:
+                status = _try_c(P, ri, t)
+            status = _recv_rest(P, ri, op, t, status)
+        else:
+            status = _complete(P, rs, ops, of, rf, g, ops[op, O_RI], op, t)
         if g[G_ERR]:
             return
+        if g[G_RDRAIN]:  # Python's ops behind a receive stream first (OpCore._net_after), then the status
+            g[G_STATUS] = status
+            return
+        if g[G_SENT]:
+            # a hand-over pushed in the message core's heap may precede the limit: the loop stops before it
+            pn = _net(P)
+            nst = carray(_void_ptr(pn[3 * T_ST]), pn[3 * T_ST + 1], np.int64)
+            ht, hk, hr, ho, hs = nst[TOP_T], nst[TOP_KIND], nst[TOP_RANK], nst[TOP_ORIGIN], nst[TOP_SEQ]
+            if ht >= 0 and (ht < lt or (ht == lt and (hk < lk or (hk == lk and (
+                    hr < lr or (hr == lr and (ho < lo or (ho == lo and hs < ls)))))))):  # fmt: skip
+                lt, lk, lr, lo, ls = ht, hk, hr, ho, hs
         if status != ST_LIMIT:
             g[G_STATUS] = status
             return
@@ -675,8 +1068,8 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
 def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, lr, lo, ls, horizon):  # fmt: skip
     """_run_at over arrays (the tests call the loop this way; no template is read: ti, tf and tp
     stand for themselves by arrays never indexed)."""
-    _run_at(_table(rs, ops, of, rf, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr), lt, lk, lr, lo, ls,
-            horizon)  # fmt: skip
+    P = _table(rs, ops, of, rf, rs, of, rs, pl, plk, free, qn, qm, tl, ovf, heap, g, gr)
+    _run_at(P + (P[A_RS], P[A_RS], P[A_RS]), lt, lk, lr, lo, ls, horizon)
 
 
 # -- entry points over the packed buffers (see H_* above) -------------------------------------------
@@ -695,6 +1088,10 @@ def _run(rs, ops, of, rf, pl, plk, free, qn, qm, tl, ovf, heap, g, gr, lt, lk, l
 # its columns only), except the two the kernels read.
 (A_RS, A_OPS, A_OF, A_RF, A_TI, A_TF, A_TP, A_PL, A_PLK, A_FREE, A_QN, A_QM, A_TL, A_OVF, A_HEAP, A_G, A_GR,
  A_NTL, A_NOVF) = range(19)  # fmt: skip
+# the kernel sends' arrays and the message core's table (netkernels.TABLE), after _table's: the
+# entry points add them (_packed), the tests' wrappers stand-ins (no send runs there)
+A_SD, A_KC, A_NET = 19, 20, 21
+_NET_COLS = 3 * len(_NET_TABLE)
 _ROWS = 1 << 40  # a view's rows where they are not kept
 
 
@@ -735,12 +1132,14 @@ def _vec(buf, header, h):
 
 
 @njit(cache=True, inline="always")
-def _packed(ib, gb, fb, tf, free):
-    """The table of the packed buffers' arrays (one description of the unpacking for every entry)."""
+def _packed(ib, gb, fb, tf, free, net):
+    """The table of the packed buffers' arrays (one description of the unpacking for every entry),
+    then the kernel sends' (A_SD, A_KC) and the message core's table (A_NET)."""
     return _table(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
                   _rows(gb, H_TI, 3), tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
                   _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS))  # fmt: skip
+                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS)) + (
+        gb.ctypes.data + gb[H_SD] * 8, gb.ctypes.data + gb[H_KC] * 8, net.ctypes.data)  # fmt: skip
 
 
 @njit(cache=True)
@@ -757,27 +1156,113 @@ def _begin_pending(P, ri):
 
 
 @njit(cache=True)
-def launch_rest(ib, gb, fb, tf, free, ri, now):
-    P = _packed(ib, gb, fb, tf, free)
+def launch_rest(ib, gb, fb, tf, free, net, ri, now):
+    P = _packed(ib, gb, fb, tf, free, net)
     _begin_pending(P, ri)
     _launch_rest(P, ri, now)
+    _note_room(P)
 
 
 @njit(cache=True)
-def start_block(ib, gb, fb, tf, free, ri, t):
-    P = _packed(ib, gb, fb, tf, free)
+def start_block(ib, gb, fb, tf, free, net, ri, t):
+    P = _packed(ib, gb, fb, tf, free, net)
     _begin_pending(P, ri)
     _start_block(P, ri, t)
+    _note_room(P)
 
 
 @njit(cache=True)
-def cont(ib, gb, fb, tf, free, ri, t):
+def cont(ib, gb, fb, tf, free, net, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
-    P = _packed(ib, gb, fb, tf, free)
+    P = _packed(ib, gb, fb, tf, free, net)
     g = _i1(P, A_G)
     g[G_STATUS] = _try_c(P, ri, t)
+    _note_room(P)
 
 
 @njit(cache=True)
-def run(ib, gb, fb, tf, free, lt, lk, lr, lo, ls, horizon):
-    _run_at(_packed(ib, gb, fb, tf, free), lt, lk, lr, lo, ls, horizon)
+def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
+    P = _packed(ib, gb, fb, tf, free, net)
+    _run_at(P, lt, lk, lr, lo, ls, horizon)
+    _note_room(P)
+
+
+@njit(cache=True)
+def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """Shard.launch of a tape's pipeline receive (descriptor ``d``) on its stream slot, after the
+    compute stream's last op when ``dep`` (a block, not done: its last op); the block launched next
+    waits for it (R_RPEND). Status ST_LIMIT, or ST_RMISMATCH."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    op = _new_op(rs, ops, g, ri, K_R, size)
+    ops[op, O_LOST] = d
+    if dep:
+        last = rs[ri, R_CTAIL]
+        if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
+            g[G_ERR] = 4
+        else:
+            _add_dep(ops, g, op, last)
+    base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_TAIL] >= 0:
+        ops[rs[ri, base + SS_TAIL], O_NEXT] = op
+    else:
+        rs[ri, base + SS_HEAD] = op
+    rs[ri, base + SS_TAIL] = op
+    rs[ri, R_OUT] += 1
+    rs[ri, R_RPEND] = op
+    status = ST_LIMIT
+    if rs[ri, base + SS_HEAD] == op:
+        status = _try_r(P, ri, base, now)
+    g[G_STATUS] = status
+    _note_room(P)
+
+
+@njit(cache=True)
+def complete_recv(ib, gb, fb, tf, free, net, op, t):
+    """A kernel receive completes at its hand-over's event (the message core's RECV_DONE): as
+    Shard._complete; the status of _recv_rest (an instant op's, ST_RESUME, ST_LIMIT)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    g = _i1(P, A_G)
+    ri = ops[op, O_RI]
+    g[G_RET_RI] = ri
+    g[G_RET_T] = t
+    status = ST_LIMIT
+    if _recv_done(P, ri, op, t) >= 0:
+        status = _try_c(P, ri, t)
+    g[G_STATUS] = _recv_rest(P, ri, op, t, status)
+    _note_room(P)
+
+
+@njit(cache=True)
+def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """Shard.launch of a pipeline send (descriptor ``d``, ``size`` bytes) on its stream slot, after
+    the compute stream's last op when ``dep`` (the block just launched, not done: its last op);
+    it starts when it is the stream's head and waits for nothing (p2p.PointToPoint._start_send)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    sd = _i2(P, A_SD, SD_FIELDS)
+    g = _i1(P, A_G)
+    op = _new_op(rs, ops, g, ri, K_S, size)
+    ops[op, O_LOST] = d
+    if dep:
+        last = rs[ri, R_CTAIL]
+        if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
+            g[G_ERR] = 4  # the compute stream's last op is not the block's last (an engine bug)
+        else:
+            _add_dep(ops, g, op, last)
+    base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
+    if rs[ri, base + SS_TAIL] >= 0:
+        ops[rs[ri, base + SS_TAIL], O_NEXT] = op
+    else:
+        rs[ri, base + SS_HEAD] = op
+    rs[ri, base + SS_TAIL] = op
+    rs[ri, R_OUT] += 1
+    if rs[ri, base + SS_HEAD] == op:
+        _try_s(P, ri, base, now)
+    g[G_STATUS] = ST_LIMIT
+    _note_room(P)

@@ -50,6 +50,7 @@ class Op:
         "cross",
         "dl",
         "ds",
+        "mem",  # a compiled block's proxy: what its allocs and frees leave (opcore.OpCore._proxy), or None
     )
 
     def __init__(self, kind: int, name: str, a=None, b=None, c=None, d=None):

@@ -20,6 +20,7 @@ import heapq
 from emulator.engine.collective_run import Chan
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, at_event
 from emulator.engine.netkernels import RECV_DONE, RET_PEER, RET_RANK, RET_RUN, RET_SIG_LO, RET_T
+from emulator.engine.opkernels import R_SEQ
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, ProgramError
@@ -100,20 +101,31 @@ class PointToPoint:
 
     def _start_send(self, gpu: VirtualGPU, op: Op, t: int) -> None:
         dst, size, tag = op.a, op.b, op.c
-        k = gpu.p2p_send.get((dst, tag), 0)
-        gpu.p2p_send[(dst, tag)] = k + 1
+        key = (dst, tag)
+        counts = gpu.p2p_send
+        k = counts.get(key, 0)
+        counts[key] = k + 1
         if self.p2p_core:
             end = self.core.send(gpu.rank, dst, size, tag, k, t)
-        else:
-            end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
+            # (_push, inline: the core takes messages only beside the per-op engine, whose GPUs keep
+            # their event counter in the kernels' row, and without failures: it always ends)
+            mv = gpu._mv
+            seq = mv[R_SEQ] + 1
+            mv[R_SEQ] = seq
+            rank = gpu.rank
+            heapq.heappush(self.heap, (end, EV_OP_DONE, rank, rank, seq, op))
+            return
+        end = self._inject(gpu, dst, size, (0, tag, 0, k), size, t, "send")
         if end is not None:  # else lost to a failure: the send never ends
             self._push(end, EV_OP_DONE, gpu, op)
 
     def _start_recv(self, gpu: VirtualGPU, op: Op, t: int) -> bool:
         """Returns True if the receive waits (its completion is an event)."""
         src, _size, tag = op.a, op.b, op.c
-        k = gpu.p2p_recv.get((src, tag), 0)
-        gpu.p2p_recv[(src, tag)] = k + 1
+        key = (src, tag)
+        counts = gpu.p2p_recv
+        k = counts.get(key, 0)
+        counts[key] = k + 1
         if self.p2p_core:
             delivery = self.core.receive(gpu, op, src, tag, k, t)
             if delivery == -1:
@@ -137,10 +149,23 @@ class PointToPoint:
     def _core_receive(self, status: int) -> None:
         """The core stopped at a receive: completed (RECV_DONE), or met by a message of another
         size at its hand-over; errors carry the key of the event that the Python path raises at."""
-        st = self.core.st
-        t = int(st[RET_T])
-        gpu, op = self.core.recvs.pop(int(st[RET_RUN]))
-        assert gpu.rank == int(st[RET_RANK])
+        st = self.core.stv  # (Python ints)
+        t = st[RET_T]
+        run = st[RET_RUN]
+        if run < -1:  # a tape's receive in the per-op engine's kernels (opcore.OpCore.launch_recv)
+            gpu, op = self.ops_core.recv_op(-2 - run)
+            self.now = t
+            try:
+                if status == RECV_DONE:
+                    self.ops_core.complete_recv(gpu, -2 - run, t)
+                    return
+                self._check_recv(gpu, op, st[RET_PEER], st[RET_SIG_LO])
+                raise AssertionError("a receive's mismatch without one")
+            except EmulatorError as exc:
+                at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, gpu.rank))
+                raise
+        gpu, op = self.core.recvs.pop(run)
+        assert gpu.rank == st[RET_RANK]
         self.now = t
         try:
             if status == RECV_DONE:

@@ -36,13 +36,16 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import ST_BLOCK_DONE, ST_IRESUME, ST_RESUME
+from emulator.engine.opcore import KSENDS
+from emulator.engine.opkernels import R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
 from emulator.engine.tape import enabled as tape_enabled
+from emulator.engine.tape import kernel_receives as tape_kernel_receives
+from emulator.engine.tape import kernel_sends as tape_kernel_sends
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError, ProgramError
 from emulator.hardware.compute import op_duration_ns
@@ -54,6 +57,10 @@ from netmodel.links import LinkModel
 
 class Shard(PointToPoint, CollectiveExecution):
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
+
+    # a shard that runs the compiled per-op engine takes the dedicated variants of its hottest rules
+    # (``*_compiled`` below); False: the generic ones (tests compare both)
+    dedicated = True
 
     def __init__(self, topo, ranks, rank_shard, index, program, settings: EngineSettings, program_args=None,
                  trace_ranks=(), fold=1, run_config=None):  # fmt: skip
@@ -129,6 +136,21 @@ class Shard(PointToPoint, CollectiveExecution):
         # take its blocks; rank -> its tape while one runs
         self.tapes_on = self.ops_core is not None and tape_enabled()
         self.tapes: dict[int, Tape] = {}
+        # a tape's pipeline sends to ranks of this shard run in the kernels (OpCore.launch_send); one
+        # to another shard stays a Python op, which the lookahead reads (lookahead.py: cross_queued)
+        self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends()
+        # and its receives, on one shard (OpCore.launch_recv)
+        self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives()
+        if self.kernel_sends:
+            self.ops_core.enable_sends()
+        if self.ops_core is not None and self.dedicated:
+            # its GPUs are CompiledGPUs: the variants of the hot rules that read and write their
+            # shared counters in the kernels' rows directly, not through the properties, and the
+            # tapes' launches with the rules of their op kinds only (the same rules: test_opcore.py
+            # and test_tape.py compare with the Python path, test_tape_dedicated.py with these off)
+            self._complete = self._complete_compiled
+            self.launch_p2p = self._launch_p2p_compiled
+            self.launch_block = self._launch_block_compiled
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so
@@ -311,10 +333,18 @@ class Shard(PointToPoint, CollectiveExecution):
         stream = streams.get(stream_name)
         if stream is None:
             stream = gpu.stream(stream_name)
+        last = stream.last
+        if last is not None and last.kind == KSENDS and not last.done:
+            self.ops_core.seal(gpu, stream)  # the kernels hold sends of this stream (OpCore.launch_send)
         op.stream = stream
         op.gpu = gpu
         deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
         if after_all:
+            if self.kernel_sends:
+                for s in streams.values():
+                    last = s.last
+                    if last is not None and last.kind == KSENDS and not last.done:
+                        self.ops_core.seal(gpu, s)
             deps = deps or []
             deps.extend(s.last for s in streams.values() if s is not stream and s.last is not None)
         elif comm and stream_name != "compute":
@@ -375,6 +405,130 @@ class Shard(PointToPoint, CollectiveExecution):
         if outstanding >= self.max_ahead and not gpu.suspended:
             self._suspend(gpu)
 
+    def launch_p2p(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
+        """Launch a send or receive ``op`` on ``stream_name`` (not ``compute``) as the GPU API does."""
+        self.launch(gpu, op, stream_name, True)
+
+    def launch_block(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
+        """Launch a block's proxy ``op`` on ``compute`` after ``after.wait()`` (None: nothing to wait for)."""
+        if after is not None:
+            after.wait()
+        self.launch(gpu, op, "compute")
+
+    def _launch_p2p_compiled(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
+        """:meth:`launch` of a send or receive (``comm``, not ``after_all``) on a stream other than
+        ``compute``, on a CompiledGPU: its rules for those kinds only (a tape's receives and sends,
+        tape.py)."""
+        streams = gpu.streams
+        stream = streams.get(stream_name)
+        if stream is None:
+            stream = gpu.stream(stream_name)
+        last = stream.last
+        if last is not None and last.kind == KSENDS and not last.done:
+            self.ops_core.seal(gpu, stream)  # the kernels hold sends of this stream (OpCore.launch_send)
+        op.stream = stream
+        op.gpu = gpu
+        deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
+        compute = streams.get("compute")
+        if compute is not None:
+            clast = compute.last
+            if clast is not None:
+                if deps is None:
+                    deps = [clast]
+                else:
+                    deps.append(clast)
+        else:
+            clast = None
+        left = 0
+        last = stream.last
+        delay = last.dl if last is not None and not last.done else INF
+        if deps:
+            for dep in deps:
+                if not dep.done:
+                    left += 1
+                    if dep.dl < delay:
+                        delay = dep.dl
+                    if dep.dependents is None:
+                        dep.dependents = [op]
+                    else:
+                        dep.dependents.append(op)
+        op.deps_left = left
+        kind = op.kind
+        op.dl = 0 if kind == RECV else delay
+        op.cum = stream.launched_ns
+        if op.cross or (kind == SEND and self.rank_shard[op.a] != self.index):
+            if kind == SEND:
+                op.cross = (self.rank_shard[op.a],)
+            op.ds = delay
+            op.cdep = clast if clast is not None and not clast.done else None
+            gpu.cross_queued.append(op)
+        ops = stream.ops
+        ops.append(op)
+        stream.last = op
+        mv = gpu._mv
+        outstanding = mv[R_OUT] + 1
+        mv[R_OUT] = outstanding
+        if len(ops) == 1:
+            if left:  # _try_start's first test, inline: it would only note the wait
+                if stream.blocked_since < 0:
+                    stream.blocked_since = self.now
+            else:
+                self._try_start(gpu, stream)
+                outstanding = mv[R_OUT]
+        if outstanding >= self.max_ahead and not gpu._susp:
+            self._suspend(gpu)
+
+    def _launch_block_compiled(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
+        """:meth:`launch` of a block's proxy (opcore.OpCore.begin_step) on ``compute`` of a CompiledGPU,
+        after ``after.wait()`` (a tape's receive not done yet, or None): its rules for a BLOCK."""
+        streams = gpu.streams
+        stream = streams.get("compute")
+        if stream is None:
+            stream = gpu.stream("compute")
+        op.stream = stream
+        op.gpu = gpu
+        waits = gpu.pending_waits
+        deps = waits.pop("compute", None) if waits else None
+        if after is not None:  # (Op.wait: after the waits made before it)
+            if deps is None:
+                deps = [after]
+            else:
+                deps.append(after)
+        left = 0
+        last = stream.last
+        delay = last.dl if last is not None and not last.done else INF
+        if deps:
+            for dep in deps:
+                if not dep.done:
+                    left += 1
+                    if dep.dl < delay:
+                        delay = dep.dl
+                    if dep.dependents is None:
+                        dep.dependents = [op]
+                    else:
+                        dep.dependents.append(op)
+        op.deps_left = left
+        # (a proxy's ``a`` is its least duration, already as launched: opcore.OpCore._template)
+        launched = stream.launched_ns = stream.launched_ns + op.a
+        dl = delay + op.a
+        op.dl = op.d if op.d < dl else dl  # (lookahead.block_bound)
+        op.cum = launched
+        ops = stream.ops
+        ops.append(op)
+        stream.last = op
+        mv = gpu._mv
+        outstanding = mv[R_OUT] + 1
+        mv[R_OUT] = outstanding
+        if len(ops) == 1:
+            if left:  # _try_start's first test, inline: it would only note the wait
+                if stream.blocked_since < 0:
+                    stream.blocked_since = self.now
+            else:
+                self._try_start(gpu, stream)
+                outstanding = mv[R_OUT]
+        if outstanding >= self.max_ahead and not gpu._susp:
+            self._suspend(gpu)
+
     def _try_start(self, gpu: VirtualGPU, stream) -> None:
         ops = stream.ops
         while ops:
@@ -386,9 +540,16 @@ class Shard(PointToPoint, CollectiveExecution):
                 if stream.blocked_since < 0:
                     stream.blocked_since = t
                 return
-            if stream.blocked_since >= 0:
-                waits = gpu.wait_ns.setdefault(stream.name, {})
-                waits[stream.unblocked_by] = waits.get(stream.unblocked_by, 0) + t - stream.blocked_since
+            since = stream.blocked_since
+            if since >= 0:
+                # (no setdefault: it would build an empty dict every time; the pipeline streams'
+                # ops mostly start blocked)
+                wait_ns = gpu.wait_ns
+                waits = wait_ns.get(stream.name)
+                if waits is None:
+                    waits = wait_ns[stream.name] = {}
+                by = stream.unblocked_by
+                waits[by] = waits.get(by, 0) + t - since
                 stream.blocked_since = -1
             op.started = True
             op.t_start = t
@@ -404,20 +565,22 @@ class Shard(PointToPoint, CollectiveExecution):
                 seq = gpu.seq = gpu.seq + 1  # _push, inline: half of all events are compute completions
                 heapq.heappush(self.heap, (t + duration, EV_OP_DONE, gpu.rank, gpu.rank, seq, op))
                 return
-            if kind == COLL:
-                if op.cross:
-                    self.cross_runs[gpu.rank] = self.cross_runs.get(gpu.rank, 0) + 1
-                self._start_collective(gpu, op, t)
-                return
-            if kind == SEND:
-                self._start_send(gpu, op, t)
+            # (the kinds in the order of their frequency where the per-op engine runs: a tape's
+            # block proxy, its receive, its send)
+            if kind == BLOCK:  # a compiled block's proxy: its first op starts (opcore.py)
+                self.ops_core.start_block(gpu, op, t)
                 return
             if kind == RECV:
                 if self._start_recv(gpu, op, t):
                     return
                 continue  # completed at once: go on with the stream
-            if kind == BLOCK:  # a compiled block's proxy: its first op starts (opcore.py)
-                self.ops_core.start_block(gpu, op, t)
+            if kind == SEND:
+                self._start_send(gpu, op, t)
+                return
+            if kind == COLL:
+                if op.cross:
+                    self.cross_runs[gpu.rank] = self.cross_runs.get(gpu.rank, 0) + 1
+                self._start_collective(gpu, op, t)
                 return
             self._instant(gpu, op, t)
             self._complete(gpu, op, t, start_next=False)
@@ -486,6 +649,60 @@ class Shard(PointToPoint, CollectiveExecution):
         seq = gpu.seq = gpu.seq + 1
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
 
+    def _complete_compiled(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
+        """:meth:`_complete` for a CompiledGPU, line for line: ``outstanding`` and ``flops_done`` in
+        the kernels' arrays, ``suspended`` and ``sync_op`` as CompiledGPU's own fields (what its
+        properties read), without a property call each; every op of a shard that runs the compiled
+        per-op engine completes here (a tape's receives, sends and block proxies most of all)."""
+        op.done = True
+        op.t_end = t
+        stream = op.stream
+        stream.ops.popleft()
+        mv = gpu._mv
+        mv[R_OUT] -= 1
+        gpu.ops_done += 1
+        if t > gpu.last_time:
+            gpu.last_time = t
+        kind = op.kind
+        if kind == RECV or kind == SEND or kind == COLL:
+            gpu.comm_ns += t - op.t_start
+            if op.cross and kind == COLL:
+                left = self.cross_runs.pop(gpu.rank) - 1
+                if left:
+                    self.cross_runs[gpu.rank] = left
+        elif kind == COMPUTE:
+            gpu.compute_ns += t - op.t_start
+            if op.c is not None:
+                self.compute_lost_ns[gpu.rank] = self.compute_lost_ns.get(gpu.rank, 0) + t - op.t_start - op.c
+            gpu._fmv[gpu._ri] += op.b  # (flops_done)
+            stream.done_ns += op.a
+        elif kind == BLOCK:  # a compiled block that ended with an alloc or free (opcore.py)
+            stream.done_ns += op.a
+        if gpu.trace is not None:
+            gpu.trace.append((stream.name, op.describe(), kind, op.t_start, t))
+        dependents = op.dependents
+        if dependents is not None:
+            op.dependents = None
+            for dep in dependents:
+                left = dep.deps_left - 1
+                dep.deps_left = left
+                if left == 0:
+                    s = dep.stream
+                    s.unblocked_by = stream.name
+                    if s.ops and s.ops[0] is dep:
+                        self._try_start(gpu, s)
+        if start_next:
+            ops = stream.ops
+            if ops:
+                head = ops[0]
+                if head.deps_left:  # _try_start's first test, inline: it would only note the wait
+                    if stream.blocked_since < 0:
+                        stream.blocked_since = self.now
+                else:
+                    self._try_start(gpu, stream)
+        if gpu._susp and (gpu._sync is not None or mv[R_OUT] <= self.max_ahead >> 1):
+            self._maybe_resume(gpu)
+
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
@@ -539,7 +756,7 @@ class Shard(PointToPoint, CollectiveExecution):
                     self._handover(obj, t)
         except EmulatorError as exc:
             if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
-                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+                at_event(exc, (t, kind, rank))  # the kernels' stops mark the errors their events raise)
             raise
         self.events += count + core.events - core_events
         if horizon > self.done_until:
@@ -559,25 +776,47 @@ class Shard(PointToPoint, CollectiveExecution):
         try:
             while True:
                 ot, ct = ops.top, core.top
-                ht = heap[0][0] if heap else INF
+                if heap:
+                    top = heap[0]
+                    ht = top[0]
+                else:
+                    top = None
+                    ht = INF
+                # (a heap's whole key is built and compared only where the times tie)
                 if ot < horizon and ot <= ct and ot <= ht:
                     # the least key of the other two heaps: the kernels stop before it
-                    limit = heap[0][:5] if heap else None
+                    limit = top[:5] if top is not None else None
                     if ct < INF and (limit is None or ct <= ht):
                         ck = core.top_key()
                         if limit is None or ck < limit:
                             limit = ck
-                    if limit is None or ops.top_key() < limit:
-                        self._run_ops(limit, core_horizon)
+                    if limit is None or ot < limit[0] or ops.top_key() < limit:
+                        # a block's end, handled here (a frame less: its most frequent stop), else _ops_stopped
+                        status = ops.run(limit, core_horizon)
+                        if status == ST_BLOCK_DONE:
+                            gpu, proxy, t = ops.block_done()
+                            self.now = t
+                            try:
+                                self._complete(gpu, proxy, t)
+                            except EmulatorError as exc:
+                                at_event(exc, (t, EV_OP_DONE, gpu.rank))
+                                raise
+                        elif status:
+                            self._ops_stopped(status)
                         continue
                 if ct < horizon:
-                    if not heap or ct < ht or (ct == ht and core.top_key() < heap[0][:5]):
-                        limit = heap[0][:5] if heap else None
-                        if ot < INF:
+                    if top is None or ct < ht or (ct == ht and core.top_key() < top[:5]):
+                        limit = top[:5] if top is not None else None
+                        if ot < INF and (limit is None or ot <= limit[0]):
                             okey = ops.top_key()
                             if limit is None or okey < limit:
                                 limit = okey
-                        self._run_core(limit, core_horizon)
+                        # (_run_core, inline: a frame less for its most frequent stop, a receive)
+                        status = core.run(limit, core_horizon)
+                        if status >= RECV_DONE:
+                            self._core_receive(status)
+                        elif status:
+                            self._core_stopped(status)
                         continue
                 if not heap or ht >= horizon:
                     break
@@ -592,29 +831,28 @@ class Shard(PointToPoint, CollectiveExecution):
                     self._handover(obj, t)
         except EmulatorError as exc:
             if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
-                at_event(exc, (t, kind, rank))  # _run_ops mark the errors their events raise)
+                at_event(exc, (t, kind, rank))  # the kernels' stops mark the errors their events raise)
             raise
         self.events += count + core.events - core_events + ops.events - ops_events
         if horizon > self.done_until:
             self.done_until = horizon
         return self._take_outbox()
 
-    def _run_ops(self, limit, horizon: int) -> None:
-        """Let the compiled per-op engine run its events before ``limit``; act where it stopped."""
+    def _ops_stopped(self, status: int) -> None:
+        """Act where the compiled per-op engine stopped (:meth:`_run_until_compiled`'s call) for something
+        else than a block's end."""
         ops = self.ops_core
-        status = ops.run(limit, horizon)
         try:
-            if status == ST_BLOCK_DONE:
-                gpu, proxy, t = ops.block_done()
-                self.now = t
-                self._complete(gpu, proxy, t)
-            elif status == ST_RESUME:
+            if status == ST_RESUME:
                 gpu, t = ops.resumed()
                 self.now = t
                 self._maybe_resume(gpu)
+            elif status == ST_SDRAIN:  # a sealed kernel send stream's last send completed (OpCore.send_drained)
+                gpu, t = ops.resumed()
+                ops.send_drained()
             elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
                 gpu, t = ops.resumed()
-                ops.stopped(status)
+                ops.stopped(status, gpu, t)
         except EmulatorError as exc:
             # the kernels stopped at a compute completion of that rank (OpCore.top_key: EV_OP_DONE)
             at_event(exc, (t, EV_OP_DONE, gpu.rank))
@@ -632,8 +870,15 @@ class Shard(PointToPoint, CollectiveExecution):
 
     def _run_core(self, limit, horizon: int) -> None:
         """Let the core run its events before ``limit``; complete what it finished."""
+        status = self.core.run(limit, horizon)
+        if status >= RECV_DONE:  # a point-to-point receive (p2p.py)
+            self._core_receive(status)
+        elif status:
+            self._core_stopped(status)
+
+    def _core_stopped(self, status: int) -> None:
+        """Act where the core stopped for something else than a receive."""
         core = self.core
-        status = core.run(limit, horizon)
         if status == COMPLETE:
             gpu, op, t = core.finished()
             self.now = t
@@ -652,10 +897,8 @@ class Shard(PointToPoint, CollectiveExecution):
                 # step of a lower rank are ordered as if it were a handover (kind 0)
                 at_event(exc, (int(core.st[RET_T]), EV_HANDOVER, int(core.st[RET_RANK])))
                 raise
-        elif status >= RECV_DONE:  # a point-to-point receive (p2p.py)
-            self._core_receive(status)
         else:
-            assert status in (0, GROW), status
+            assert status == GROW, status
 
     def _core_completed(self) -> None:
         gpu, op, t = self.core.finished()
@@ -670,6 +913,8 @@ class Shard(PointToPoint, CollectiveExecution):
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""
         self.stats.flush()  # the compiled engine's share of the ranks' latest times (opcore.CompiledGPU)
+        if self.kernel_sends:
+            self.ops_core.show_sends()  # the kernels' sends as the streams' ops
         return blocked_ranks(self)
 
 

@@ -22,8 +22,23 @@ Where a rank's next actions are not plain steps (the first and last stage's embe
 the last microbatch's gradient buckets, ZeRO-3, overlapped weight gathers, a block the kernels do
 not take, a traced rank), the program runs them itself, as without a tape.
 
-``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself):
-tests/emulator/engine/test_tape.py compares whole runs both ways, bit for bit. Each shard reads its
+A tape's sends to ranks of its own shard run in the kernels (one to another shard stays a Python
+op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op
+of the kernels' ring on its stream's slot, after the block's last op, whose completion starts it in
+the kernels (netkernels' injection; its completion an event of the kernels' heap keyed from the
+rank's counter, as p2p.PointToPoint._start_send would push it). On one shard, with
+``EMULATOR_TAPE=kernel``, a tape's receives do too (OpCore.launch_recv): released by the previous
+block's last op, matched in the message core's table by start_receive's rules (a message in the
+mailbox completes it at once or at its delivery, in the kernels; one still to come completes it at
+its hand-over, RECV_DONE, one kernel call), and the next block's first op waits for it in the
+kernels (its proxy then waits for nothing of Python's). So a step's send and receive take no Python
+after their launch but that one call. The shard's streams hold one stand-in op meanwhile; Python
+hands a stream back where it launches on it or waits for every stream (OpCore.seal, drained).
+
+``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
+``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
+``sends`` (the default) runs its sends in the kernels, ``kernel`` its sends and receives:
+tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. Each shard reads its
 own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
 compares with ``engine.op_engine=python``, which takes no tapes, instead).
@@ -37,9 +52,27 @@ from emulator.engine.opkernels import ST_SUSPEND
 from emulator.engine.ops import Op
 
 
+def _mode() -> str:
+    return os.environ.get("EMULATOR_TAPE", "sends")
+
+
 def enabled() -> bool:
     """Whether shards run tapes (read once per shard)."""
-    return os.environ.get("EMULATOR_TAPE", "1") != "0"
+    return _mode() != "0"
+
+
+def kernel_sends() -> bool:
+    """Whether a tape's pipeline sends run in the kernels: the default (``EMULATOR_TAPE=sends``),
+    and with its receives too (``kernel``); a tape in Python with ``python`` (or ``1``). Read once
+    per shard."""
+    return _mode() in ("sends", "kernel")
+
+
+def kernel_receives() -> bool:
+    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``; not yet
+    the default: tests/emulator/engine/test_netcore_p2p.py observes receive completions where the
+    Python rules push them, Shard._push, which a kernel receive's mailbox hit does not take)."""
+    return _mode() == "kernel"
 
 
 class Tape:
@@ -71,34 +104,36 @@ class Tape:
         steps = self.steps
         i, phase = self.i, self.phase
         n = len(steps)
-        launch = shard.launch
+        # (``gpu._susp``: CompiledGPU.suspended without its property: a tape runs on those only)
+        launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive the kernels do not take)
+        kernel_sends = shard.kernel_sends
+        kernel_receives = shard.kernel_receives
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
-                    op = self.op = Op(*recv[0])
-                    launch(gpu, op, recv[1], True)
-                    if gpu.suspended:
+                    if kernel_receives and core.launch_recv(gpu, recv[0], recv[1]):
+                        self.op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
+                    else:
+                        op = self.op = Op(*recv[0])
+                        launch(gpu, op, recv[1])
+                    if gpu._susp:
                         self.i, self.phase = i, phase
                         return False
             if phase == 1:
                 phase = 2
-                if recv is not None:
-                    op = self.op
+                after = None
+                op = self.op
+                if op is not None:  # (None: no receive, or the kernels' receive)
                     self.op = None
-                    if not op.done:  # (Op.wait on "compute")
-                        waits = gpu.pending_waits
-                        pending = waits.get("compute")
-                        if pending is None:
-                            waits["compute"] = [op]
-                        else:
-                            pending.append(op)
+                    if not op.done:  # (its wait() on "compute": begin_step takes it)
+                        after = op
                 memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
-                core.begin(gpu, known, memory)
-                if gpu.suspended:
+                core.begin_step(gpu, known, memory, after)
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
             if phase == 2:
@@ -110,15 +145,16 @@ class Tape:
                 if alloc_key is not None:
                     self.held[alloc_key] = self.memory[0]
                 self.memory = None
-                if gpu.suspended:  # Shard.launch's check after a last alloc or free row
+                if gpu._susp:  # Shard.launch's check after a last alloc or free row
                     self.i, self.phase = i, phase
                     return False
             # phase 3
             i += 1
             phase = 0
             if send is not None:
-                launch(gpu, Op(*send[0]), send[1], True)
-                if gpu.suspended:
+                if not (kernel_sends and core.launch_send(gpu, send[0], send[1])):
+                    launch(gpu, Op(*send[0]), send[1])
+                if gpu._susp:
                     self.i, self.phase = i, phase
                     return False
         self.i, self.phase = i, 0

@@ -1,5 +1,6 @@
 """Tapes (emulator/engine/tape.py): a rank's plain pipeline steps launched by the engine from a list
-the built-in program hands over, against the program launching them itself (``EMULATOR_TAPE=0``).
+the built-in program hands over, against the program launching them itself (``EMULATOR_TAPE=0``),
+and with their sends in the kernels (``EMULATOR_TAPE=kernel``) against tapes in Python (``python``).
 
 Fuzzed pipeline configs (stages, virtual stages, GPipe / 1F1B / interleaved, how far programs run
 ahead - small values suspend a tape in every phase of a step -, recomputation, iterations, folding,
@@ -54,8 +55,39 @@ def taped(monkeypatch):
     return steps
 
 
-def _run(base: str, overrides: list[str], tape: bool, monkeypatch, shards: int = 1):
-    monkeypatch.setenv("EMULATOR_TAPE", "1" if tape else "0")
+@pytest.fixture
+def kernel_sent(monkeypatch):
+    """How many of the tapes' sends and receives the kernels took (OpCore.launch_send,
+    launch_recv), and how many stand-ins Python sealed with messages in flight and the kernels
+    handed back (OpCore.drained)."""
+    counts = {"sent": 0, "received": 0, "drained": 0}
+    launch_send, launch_recv = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.launch_recv
+    drained = engine_opcore.OpCore.drained
+
+    def counting(self, gpu, message, name):
+        took = launch_send(self, gpu, message, name)
+        counts["sent"] += took
+        return took
+
+    def counting_recv(self, gpu, message, name):
+        took = launch_recv(self, gpu, message, name)
+        counts["received"] += took
+        return took
+
+    def counting_drained(self, *args):
+        counts["drained"] += 1
+        return drained(self, *args)
+
+    monkeypatch.setattr(engine_opcore.OpCore, "launch_send", counting)
+    monkeypatch.setattr(engine_opcore.OpCore, "launch_recv", counting_recv)
+    monkeypatch.setattr(engine_opcore.OpCore, "drained", counting_drained)
+    return counts
+
+
+def _run(base: str, overrides: list[str], tape: bool | str, monkeypatch, shards: int = 1):
+    """``tape``: True (tapes in Python), "sends" (their sends in the kernels: tape.kernel_sends, the
+    default), "kernel" (their receives too: tape.kernel_receives) or False."""
+    monkeypatch.setenv("EMULATOR_TAPE", tape if isinstance(tape, str) else "python" if tape else "0")
     config = load_run(CONFIGS / "runs" / f"{base}.yaml", overrides)
     try:
         summary, result, _ = execute(config, shards=shards)
@@ -87,30 +119,36 @@ def _cases(seed: int, count: int):
         yield base, overrides
 
 
-def _check(seed: int, count: int, taped, monkeypatch) -> None:
-    took = 0
+def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
+    """Each case with tapes and without; with ``kernel_sent``, with the tapes' sends in the kernels too."""
+    took = sent = 0
     for base, overrides in _cases(seed, count):
         before = taped[0]
         on = _run(base, overrides, True, monkeypatch)
         took += taped[0] > before
         assert on == _run(base, overrides, False, monkeypatch), (base, overrides)
+        if kernel_sent is not None:
+            before = kernel_sent["sent"], kernel_sent["received"]
+            assert on == _run(base, overrides, "kernel", monkeypatch), (base, overrides, "kernel")
+            sent += kernel_sent["sent"] > before[0] and kernel_sent["received"] > before[1]
     assert took, "no case ran a tape"
+    assert kernel_sent is None or sent, "no case sent and received in the kernels"
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_fuzzed_pipelines_match_the_program(seed, taped, monkeypatch):
-    _check(seed, 3, taped, monkeypatch)
+def test_fuzzed_pipelines_match_the_program(seed, taped, kernel_sent, monkeypatch):
+    _check(seed, 3, taped, monkeypatch, kernel_sent)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2, 12))
-def test_more_fuzzed_pipelines_match_the_program(seed, taped, monkeypatch):
-    _check(seed, 4, taped, monkeypatch)
+def test_more_fuzzed_pipelines_match_the_program(seed, taped, kernel_sent, monkeypatch):
+    _check(seed, 4, taped, monkeypatch, kernel_sent)
 
 
 @pytest.mark.parametrize("ahead", [2, 3, 5, 8])
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved"])
-def test_suspensions_and_schedules(ahead, schedule, taped, monkeypatch):
+def test_suspensions_and_schedules(ahead, schedule, taped, kernel_sent, monkeypatch):
     """Every way a step can be cut by a suspension (after its receive, its block's proxy, its
     block, its send), under each schedule (virtual stages 2 for interleaved)."""
     args = ["training.global_batch_size=16", "training.micro_batch_size=1", "parallel.pipeline=8",
@@ -122,21 +160,25 @@ def test_suspensions_and_schedules(ahead, schedule, taped, monkeypatch):
     on = _run("megatron-175b-64gpu", args, True, monkeypatch)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["sent"]
+    assert on == _run("megatron-175b-64gpu", args, "sends", monkeypatch)
 
 
 @pytest.mark.parametrize("shards", [2, 3])
-def test_several_shards(shards, taped, monkeypatch):
+def test_several_shards(shards, taped, kernel_sent, monkeypatch):
     """Tapes on several in-process shards (the sends to another shard are queued for the lookahead
-    by Shard.launch, as the program's are): the same results, and one shard's fingerprint."""
+    by Shard.launch, as the program's are; the kernels take those to the shard's own ranks): the
+    same results, and one shard's fingerprint."""
     args = ["training.global_batch_size=24"]
     on = _run("megatron-1t-3072gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-1t-3072gpu", args, False, monkeypatch, shards)
+    assert on == _run("megatron-1t-3072gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
     assert on[0] == _run("megatron-1t-3072gpu", args, True, monkeypatch)[0]
 
 
 @pytest.mark.parametrize("virtual", [1, 2])
-def test_a_receive_of_another_size_fails_alike(virtual, taped, monkeypatch):
+def test_a_receive_of_another_size_fails_alike(virtual, taped, kernel_sent, monkeypatch):
     """A pipeline send one byte longer than its receive (rank 16's, patched in): the same
     ProgramError, at the same event, from a tape and from the program."""
     prepare = engine_api.GPU.prepare_p2p
@@ -152,6 +194,8 @@ def test_a_receive_of_another_size_fails_alike(virtual, taped, monkeypatch):
     assert taped[0] > 0
     assert on[0] == "ProgramError" and "sizes must be equal" in on[1], on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+    # the receive in the kernels: met at its hand-over or in the mailbox when it starts (OpCore._mismatch)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["received"]
 
 
 def test_shortened_reference_run(taped, monkeypatch):
@@ -222,12 +266,13 @@ def test_out_of_memory_inside_a_tape_fails_alike(extra, allocating, taped, monke
     assert on[0] == "OutOfMemoryError" and "on rank 8 at" in on[1] and f"allocating {allocating} (" in on[1], on
     assert inside == [True], inside
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch)
 
 
 @pytest.mark.parametrize(
     "extra", [["parallel.virtual_stages=1"], ["parallel.virtual_stages=2", "engine.max_ops_ahead=2"]]
 )
-def test_a_receive_with_the_wrong_tag_deadlocks_alike(extra, taped, monkeypatch):
+def test_a_receive_with_the_wrong_tag_deadlocks_alike(extra, taped, kernel_sent, monkeypatch):
     """Rank 16's pipeline receives (a middle stage: from its tape) wait for a tag nobody sends: the
     same DeadlockError line (the ranks, their times, their pending operations) both ways."""
     prepare = engine_api.GPU.prepare_p2p
@@ -241,6 +286,8 @@ def test_a_receive_with_the_wrong_tag_deadlocks_alike(extra, taped, monkeypatch)
     assert taped[0] > 0
     assert on[0] == "DeadlockError" and "recv(src=8, tag=7," in on[1], on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
+    # the same report with the tapes' sends in the kernels (their streams handed back first: Shard.blocked)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["sent"]
 
 
 SMALL_PIPELINE = ["training.global_batch_size=32", "training.micro_batch_size=1", "parallel.tensor=4",
@@ -275,21 +322,25 @@ SMALL_PIPELINE = ["training.global_batch_size=32", "training.micro_batch_size=1"
         ),
     ],
 )
-def test_data_parallel_pipelines(extra, taped, monkeypatch):
+def test_data_parallel_pipelines(extra, taped, kernel_sent, monkeypatch):
     on = _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], True, monkeypatch)
     assert taped[0] > 0
     assert on == _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], False, monkeypatch)
+    assert on == _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], "kernel", monkeypatch)
+    print(kernel_sent)
+    assert kernel_sent["sent"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shards", [1, 2])
-def test_a_slow_nic_window(shards, taped, monkeypatch):
+def test_a_slow_nic_window(shards, taped, kernel_sent, monkeypatch):
     """A NIC on the pipeline's path slowed for the bytes it carries in [0.05 s, 0.2 s), programs 2 ops ahead."""
     args = ["training.global_batch_size=16", "engine.max_ops_ahead=2",
             "faults.slow_link=[{nic: {node: 2, index: 0}, factor: 0.1, start_s: 0.05, end_s: 0.2}]"]  # fmt: skip
     on = _run("megatron-175b-64gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch, shards)
+    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
 
 
 @pytest.mark.slow
@@ -306,3 +357,15 @@ def test_traced_middle_ranks_beside_tapes(tmp_path, taped, monkeypatch):
         assert tape or taped[0] > 0
     assert dirs[True][0] is None and "trace.json" in dirs[True][1]
     assert dirs[True] == dirs[False]
+
+
+def test_python_sends_behind_kernel_sends(taped, kernel_sent, monkeypatch):
+    """The last microbatch's backward (its gradient buckets: the program's own launches) sends on
+    the stream whose earlier sends the kernels still hold: the stream's stand-in is sealed and the
+    program's send goes on when the kernels' last one completes (OpCore.send_drained); and a mark
+    or synchronize waiting for every stream's last op waits for the kernels' sends alike."""
+    args = [*SMALL_PIPELINE, "parallel.pipeline=4", "parallel.overlap_grad_reduce=true", "parallel.zero_stage=1"]
+    on = _run("llama3-8b-64gpu", args, True, monkeypatch)
+    assert on == _run("llama3-8b-64gpu", args, "kernel", monkeypatch)
+    assert kernel_sent["sent"] and kernel_sent["drained"], kernel_sent
+    assert on == _run("llama3-8b-64gpu", args, "sends", monkeypatch)
