@@ -26,8 +26,8 @@ A tape's sends to ranks of its own shard run in the kernels (one to another shar
 op, which the lookahead of several shards reads: lookahead.py): OpCore.launch_send makes each an op
 of the kernels' ring on its stream's slot, after the block's last op, whose completion starts it in
 the kernels (netkernels' injection; its completion an event of the kernels' heap keyed from the
-rank's counter, as p2p.PointToPoint._start_send would push it). On one shard, with
-``EMULATOR_TAPE=kernel``, a tape's receives do too (OpCore.launch_recv): released by the previous
+rank's counter, as p2p.PointToPoint._start_send would push it). On one shard a tape's receives
+do too (OpCore.launch_recv): released by the previous
 block's last op, matched in the message core's table by start_receive's rules (a message in the
 mailbox completes it at once or at its delivery, in the kernels; one still to come completes it at
 its hand-over, RECV_DONE, one kernel call), and the next block's first op waits for it in the
@@ -37,7 +37,7 @@ hands a stream back where it launches on it or waits for every stream (OpCore.se
 
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
-``sends`` (the default) runs its sends in the kernels, ``kernel`` its sends and receives:
+``sends`` runs only its sends in the kernels, ``kernel`` (the default) its sends and receives:
 tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. Each shard reads its
 own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
@@ -53,7 +53,7 @@ from emulator.engine.ops import Op
 
 
 def _mode() -> str:
-    return os.environ.get("EMULATOR_TAPE", "sends")
+    return os.environ.get("EMULATOR_TAPE", "kernel")
 
 
 def enabled() -> bool:
@@ -62,16 +62,15 @@ def enabled() -> bool:
 
 
 def kernel_sends() -> bool:
-    """Whether a tape's pipeline sends run in the kernels: the default (``EMULATOR_TAPE=sends``),
-    and with its receives too (``kernel``); a tape in Python with ``python`` (or ``1``). Read once
+    """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
+    its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``). Read once
     per shard."""
     return _mode() in ("sends", "kernel")
 
 
 def kernel_receives() -> bool:
-    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``; not yet
-    the default: tests/emulator/engine/test_netcore_p2p.py observes receive completions where the
-    Python rules push them, Shard._push, which a kernel receive's mailbox hit does not take)."""
+    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``, the
+    default; one shard only: Shard.kernel_receives)."""
     return _mode() == "kernel"
 
 
