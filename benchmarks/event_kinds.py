@@ -13,7 +13,10 @@ switch and back), so the ops it launches are counted in the event that resumed i
 event is one dispatch; a call into a compiled core (``_run_core``: message-level collectives,
 ``_run_ops``: the built-in workload's layer blocks) counts the events that core processed in it,
 its kernel time (``NetCore.run`` / ``OpCore.run``, dispatch included) and the Python that follows
-in the same call (the op the core finished, the program it resumes) apart. What no dispatch holds
+in the same call (the op the core finished, the program it resumes) apart. Where the loop calls
+the cores' run methods itself (``Shard._ops_stopped`` exists: no ``_run_ops`` / ``_run_core`` frame),
+each row of a core is its kernel calls alone, and the Python after them (a block's end, a resume,
+a receive's completion) has rows of its own with no events. What no dispatch holds
 - the heap pops, the comparisons between the heaps, the loop itself - is the row ``loop and
 heaps``. The per-kind rows of compiled cores are one row per core: the kernels do not count by
 kind (run the same config with ``--set engine.op_engine=python`` for the same events split by
@@ -52,6 +55,8 @@ STEP = "collective step, Python message level"
 CORE = "message-level collectives (compiled core)"
 OPS = "layer blocks (compiled op engine)"
 LOOP = "loop and heaps (outside any dispatch)"
+AFTER_OPS = "after the op kernels: block ends, resumes (Python)"
+AFTER_CORE = "after the message core: receives, steps (Python)"
 
 
 class Profile:
@@ -116,6 +121,40 @@ def install(profile: Profile) -> None:
         name = kind_names[args[1].kind]
         return OP_LABELS.get(name, name + " completion")
 
+    def timed_as(orig, label):
+        # Python the loop runs after a compiled core's call: no event of its own
+        def wrapper(self, *args):
+            if not outermost():
+                return orig(self, *args)
+            profile.depth += 1
+            t0 = clock()
+            try:
+                return orig(self, *args)
+            finally:
+                profile.depth -= 1
+                profile.add(label, 0, clock() - t0)
+
+        return wrapper
+
+    def core_run(kernel_cls, label):
+        orig = kernel_cls.run
+
+        def wrapper(core, *args):
+            if not outermost():
+                return orig(core, *args)
+            before = core.events
+            profile.depth += 1
+            t0 = clock()
+            try:
+                return orig(core, *args)
+            finally:
+                profile.depth -= 1
+                ns = clock() - t0
+                profile.add(label, core.events - before, ns)
+                profile.kernel_ns[label] = profile.kernel_ns.get(label, 0) + ns
+
+        kernel_cls.run = wrapper
+
     Shard.run_until = run_until
     Shard._complete = timed(Shard._complete, op_label)
     Shard._step = timed(Shard._step, lambda args: STEP)
@@ -152,6 +191,47 @@ def install(profile: Profile) -> None:
 
         return wrapper
 
+    if hasattr(Shard, "_ops_stopped"):
+        # the compiled per-op engine's loop calls both cores' run methods itself (no _run_ops /
+        # _run_core frame around them): each call is a dispatch of its own, the events its core
+        # processed in it and its kernel time; what the loop does after it is timed apart below
+        from emulator.engine import opcore
+
+        core_run(netcore.NetCore, CORE)
+        core_run(opcore.OpCore, OPS)
+        Shard._run_core = counted(Shard._run_core, CORE, lambda s: s.core, netcore.NetCore)
+        after = {"block": False}
+        block_done = opcore.OpCore.block_done
+
+        def noted(core):
+            after["block"] = outermost()
+            return block_done(core)
+
+        opcore.OpCore.block_done = noted
+
+        def block_end(complete):
+            def wrapper(self, gpu, op, t, *args, **kwargs):
+                # a block's end, after the kernels: the proxy's completion (not an event of its own)
+                if not after["block"]:
+                    return complete(self, gpu, op, t, *args, **kwargs)
+                after["block"] = False
+                profile.depth += 1
+                t0 = clock()
+                try:
+                    return complete(self, gpu, op, t, *args, **kwargs)
+                finally:
+                    profile.depth -= 1
+                    profile.add(AFTER_OPS, 0, clock() - t0)
+
+            return wrapper
+
+        Shard._complete = block_end(Shard._complete)
+        if hasattr(Shard, "_complete_compiled"):  # the variant such a shard binds (Shard.dedicated)
+            Shard._complete_compiled = block_end(timed(Shard._complete_compiled, op_label))
+        Shard._ops_stopped = timed_as(Shard._ops_stopped, AFTER_OPS)
+        Shard._core_receive = timed_as(Shard._core_receive, AFTER_CORE)
+        Shard._core_stopped = timed_as(Shard._core_stopped, AFTER_CORE)
+        return
     Shard._run_core = counted(Shard._run_core, CORE, lambda s: s.core, netcore.NetCore)
     if hasattr(Shard, "_run_ops"):  # the compiled per-op engine (issue 24); absent before it
         from emulator.engine import opcore
@@ -172,7 +252,7 @@ def load(config_path: str, overrides: list[str]):
 def table(profile: Profile, summary: dict, plain: dict | None) -> tuple[list[dict], list[str]]:
     total_events = summary["events"]
     rows = []
-    order = [*OP_LABELS.values(), HANDOVER, STEP, CORE, OPS]
+    order = [*OP_LABELS.values(), HANDOVER, STEP, CORE, AFTER_CORE, OPS, AFTER_OPS]
     labels = [x for x in order if x in profile.events] + sorted(set(profile.events) - set(order))
     dispatched_ns = sum(profile.ns.values())
     for label in labels:
