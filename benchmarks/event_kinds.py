@@ -103,7 +103,8 @@ def install(profile: Profile) -> None:
             profile.loop_ns += clock() - t0
             profile.loop_cpu_s += time.process_time() - cpu0
 
-    def timed(orig, label_of):
+    def timed(orig, label_of, events=1):
+        # one dispatch the loop makes: an event (or, with events=0, Python after a compiled core's call)
         def wrapper(self, *args, **kwargs):
             if not outermost():
                 return orig(self, *args, **kwargs)
@@ -113,7 +114,7 @@ def install(profile: Profile) -> None:
                 return orig(self, *args, **kwargs)
             finally:
                 profile.depth -= 1
-                profile.add(label_of(args), 1, clock() - t0)
+                profile.add(label_of(args), events, clock() - t0)
 
         return wrapper
 
@@ -122,19 +123,7 @@ def install(profile: Profile) -> None:
         return OP_LABELS.get(name, name + " completion")
 
     def timed_as(orig, label):
-        # Python the loop runs after a compiled core's call: no event of its own
-        def wrapper(self, *args):
-            if not outermost():
-                return orig(self, *args)
-            profile.depth += 1
-            t0 = clock()
-            try:
-                return orig(self, *args)
-            finally:
-                profile.depth -= 1
-                profile.add(label, 0, clock() - t0)
-
-        return wrapper
+        return timed(orig, lambda args: label, events=0)
 
     def core_run(kernel_cls, label):
         orig = kernel_cls.run

@@ -612,14 +612,10 @@ class OpCore:
         Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
         or one that waits for every stream seals it (:meth:`seal`), and the ops behind it go on when
         its last send completes (:meth:`send_drained`), as behind that send."""
-        stream = gpu.streams.get(name)
+        stream = _kernel_stream(gpu, name)
         if stream is None:
-            stream = gpu.stream(name)
+            return False
         ops = stream.ops
-        if ops:
-            stand_in = ops[0]
-            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
-                return False
         if gpu.pending_waits and name in gpu.pending_waits:
             return False
         # (the program prepares each message once: its descriptor by the tuple's identity)
@@ -673,14 +669,10 @@ class OpCore:
         last = compute.last if compute is not None else None
         if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
             return False
-        stream = gpu.streams.get(name)
+        stream = _kernel_stream(gpu, name)
         if stream is None:
-            stream = gpu.stream(name)
+            return False
         ops = stream.ops
-        if ops:
-            stand_in = ops[0]
-            if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
-                return False
         known = self.send_desc.get(id(message))
         if known is not None and known[0] is message and known[2] is gpu:
             d = known[1]
@@ -1055,6 +1047,20 @@ class OpCore:
                     waits = gpu.wait_ns.setdefault(stream, {})
                     waits[by] = waits.get(by, 0) + int(rs[ri, col])
                     rs[ri, hit] = rs[ri, col] = 0
+
+
+def _kernel_stream(gpu: VirtualGPU, name: str):
+    """``gpu``'s stream ``name`` where the kernels may take its next message: empty, or holding
+    only their stand-in, not sealed (OpCore.seal); else None (Python's ops come first there)."""
+    stream = gpu.streams.get(name)
+    if stream is None:
+        stream = gpu.stream(name)
+    ops = stream.ops
+    if ops:
+        stand_in = ops[0]
+        if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+            return None
+    return stream
 
 
 def _memory_plan(mem_rows: tuple | None) -> tuple | None:
