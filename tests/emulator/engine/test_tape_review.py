@@ -136,17 +136,17 @@ def test_a_deadlock_report_matches_the_python_op_engine(monkeypatch):
 
 
 TWO_JOBS = """\
-name: two-pipelines
-cluster: {from: commodity-pcie-ethernet, nodes: 4}
+name: two-jobs-pipelines
+cluster: {from: dgx-a100-hdr, nodes: 2}
 placement: spread
 jobs:
   - name: a
-    gpus: 16
-    model: bloom-560m
-    parallel: {pipeline: 4, data: 4}
-    training: {micro_batch_size: 1, global_batch_size: 16, seq_length: 2048, iterations: 2}
+    gpus: 8
+    model: megatron-22b
+    parallel: {tensor: 2, pipeline: 4, sequence_parallel: true}
+    training: {micro_batch_size: 1, global_batch_size: 8, seq_length: 2048, recompute: selective, iterations: 2}
   - name: b
-    gpus: 16
+    gpus: 8
     program: prog.py:pp_streams
 """
 PROGRAM = '''\
@@ -167,24 +167,33 @@ def pp_streams(gpu):
 G16 = ["training.global_batch_size=16"]
 
 
+TIMEOUT = "faults.collective_timeout_s=5"
+SLOW_LINK_WINDOW = "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.1, start_s: 0.2, end_s: 0.6}]"
+GPIPE_8 = ["training.global_batch_size=8", "parallel.virtual_stages=1", "parallel.schedule=gpipe",
+           "training.iterations=3", "engine.max_ops_ahead=2"]  # fmt: skip
+GPIPE_9 = ["training.global_batch_size=9", "parallel.virtual_stages=1", "parallel.schedule=gpipe",
+           "training.iterations=2"]  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "overrides, trace",
+    "overrides, trace, kernels",
     [
-        ([*G16, "faults.fail=[{node: 1, at_s: 0.5}]", "faults.collective_timeout_s=5"], "default"),
-        ([*G16, "faults.fail=[{nic: {node: 1, index: 0}, at_s: 0.3}]", "faults.collective_timeout_s=5"], "default"),
-        ([*G16, "faults.slow_link=[{nic: {node: 1, index: 0}, factor: 0.1, start_s: 0.2, end_s: 0.6}]"], "default"),
-        ([*G16, "faults.slow_gpu=[{ranks: [17], factor: 0.3, start_s: 0.1, end_s: 0.5}]"], "default"),
-        ([*G16, "parallel.virtual_stages=2", "engine.max_ops_ahead=3"], "16"),  # a traced rank between tapes
-        ([*G16, "parallel.virtual_stages=2", "engine.max_ops_ahead=2"], "8,17,24"),
-        (["training.global_batch_size=8", "parallel.virtual_stages=1", "parallel.schedule=gpipe",
-          "training.iterations=3", "engine.max_ops_ahead=2"], "default"),  # fmt: skip
-        (["training.global_batch_size=9", "parallel.virtual_stages=1", "parallel.schedule=gpipe",
-          "training.iterations=2"], "default"),  # fmt: skip
-        ("two-jobs", "default"),
+        # (a failure or a slowdown window keeps the run off the kernels: Shard.__init__ - compared all the same)
+        ([*G16, "faults.fail=[{node: 1, at_s: 0.5}]", TIMEOUT], "default", False),
+        ([*G16, "faults.fail=[{nic: {node: 1, index: 0}, at_s: 0.3}]", TIMEOUT], "default", False),
+        ([*G16, SLOW_LINK_WINDOW], "default", True),
+        ([*G16, "faults.slow_gpu=[{ranks: [17], factor: 0.3, start_s: 0.1, end_s: 0.5}]"], "default", False),
+        ([*G16, "parallel.virtual_stages=2", "engine.max_ops_ahead=3"], "16", True),  # a traced rank between tapes
+        ([*G16, "parallel.virtual_stages=2", "engine.max_ops_ahead=2"], "8,17,24", True),
+        (GPIPE_8, "default", True),
+        (GPIPE_9, "default", True),
+        # (several jobs, or a user program, run no compiled engine: shard.py - nothing of the kernels'
+        # to meet the user program's pp.send / pp.recv streams; compared all the same)
+        ("two-jobs", "default", False),
     ],
 )
-def test_run_dirs_match_in_every_mode(overrides, trace, kernel_took, tmp_path, monkeypatch):
+def test_run_dirs_match_in_every_mode(overrides, trace, kernels, kernel_took, tmp_path, monkeypatch):
     """Whole run directories (wall-clock fields left out) in every mode and on the Python op engine."""
     path = RUN
     if overrides == "two-jobs":
@@ -204,4 +213,4 @@ def test_run_dirs_match_in_every_mode(overrides, trace, kernel_took, tmp_path, m
         assert sorted(got[1]) == sorted(dirs["0"][1]), mode
         for name, contents in got[1].items():
             assert contents == dirs["0"][1][name], (mode, name)
-    assert kernel_took["sent"] and kernel_took["received"]
+    assert not kernels or (kernel_took["sent"] and kernel_took["received"]), kernel_took
