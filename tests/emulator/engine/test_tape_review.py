@@ -6,6 +6,7 @@ same results bit for bit, or the same error (type, text, event key, exit code).
 - a receive of another size whose message already waits in the mailbox when the kernels launch
   the receive (OpCore.launch_recv -> _after -> _mismatch: the receiving rank slowed, few ops ahead);
 - a deadlock (a receive with a tag nobody sends) while the kernels' sends are in flight;
+- (slow) both on 2-3 in-process shards and with the generic rules (``Shard.dedicated = False``);
 - (slow) whole run directories - trace.json included, with traced ranks beside tape ranks - under
   failures, windowed slowdowns, GPipe with few microbatches and 2-3 iterations, max_ops_ahead 2,
   and two jobs in one run where one job's user program uses the pipeline's stream names.
@@ -22,6 +23,7 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine import api as engine_api
 from emulator.engine import opcore as engine_opcore
+from emulator.engine import shard as engine_shard
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS
@@ -214,3 +216,34 @@ def test_run_dirs_match_in_every_mode(overrides, trace, kernels, kernel_took, tm
         for name, contents in got[1].items():
             assert contents == dirs["0"][1][name], (mode, name)
     assert not kernels or (kernel_took["sent"] and kernel_took["received"]), kernel_took
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shards, dedicated", [(1, False), (2, True), (3, True)])
+@pytest.mark.parametrize(
+    "kind, rank, nth, change, virtual",
+    [
+        ("send", 16, 3, lambda size, tag: (size + 1, tag), 2),
+        ("recv", 8, 2, lambda size, tag: (size - 1, tag), 1),  # the receive the shorter one
+        ("recv", 8, 5, lambda size, tag: (size + 3, tag), 4),
+        ("recv", 8, 3, lambda size, tag: (size, tag + 7), 2),  # a deadlock
+    ],
+)
+def test_errors_alike_on_shards_and_generic_rules(kind, rank, nth, change, virtual, shards, dedicated, monkeypatch):
+    """The mailbox mismatches and the deadlock above on several in-process shards (the kernels'
+    sends only: receives stay in Python there) and with the generic rules (``Shard.dedicated``)."""
+    monkeypatch.setattr(engine_shard.Shard, "dedicated", dedicated)
+    seen = _patch_p2p(monkeypatch, kind, rank, nth, change)
+    config_args = [*SLOW_8, f"parallel.virtual_stages={virtual}"]
+    runs = {}
+    for mode in MODES:
+        monkeypatch.setenv("EMULATOR_TAPE", mode)
+        seen[0] = 0
+        try:
+            execute(load_run(RUN, config_args), shards=shards)
+            runs[mode] = None
+        except EmulatorError as exc:
+            runs[mode] = type(exc).__name__, str(exc), getattr(exc, "event_key", None), exc.exit_code
+    assert runs["0"] is not None and runs["0"][3] == 2, runs["0"]
+    for mode in MODES[1:]:
+        assert runs[mode] == runs["0"], mode
