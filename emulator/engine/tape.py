@@ -50,10 +50,16 @@ import os
 
 from emulator.engine.opkernels import ST_SUSPEND
 from emulator.engine.ops import Op
+from emulator.errors import ConfigError
+
+MODES = ("kernel", "sends", "python", "1", "0")  # ("1": tapes on, in Python, as "python")
 
 
 def _mode() -> str:
-    return os.environ.get("EMULATOR_TAPE", "kernel")
+    mode = os.environ.get("EMULATOR_TAPE", "kernel")
+    if mode not in MODES:  # (a typo would otherwise measure another mode than the one meant)
+        raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
 
 
 def enabled() -> bool:

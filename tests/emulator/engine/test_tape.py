@@ -369,3 +369,17 @@ def test_python_sends_behind_kernel_sends(taped, kernel_sent, monkeypatch):
     assert on == _run("llama3-8b-64gpu", args, "kernel", monkeypatch)
     assert kernel_sent["sent"] and kernel_sent["drained"], kernel_sent
     assert on == _run("llama3-8b-64gpu", args, "sends", monkeypatch)
+
+
+def test_an_unknown_tape_mode_is_a_config_error(monkeypatch):
+    """EMULATOR_TAPE picks how a run is executed, not its results: a typo must not silently measure
+    another mode."""
+    from emulator.engine import tape
+    from emulator.errors import ConfigError
+
+    monkeypatch.setenv("EMULATOR_TAPE", "kernels")
+    with pytest.raises(ConfigError, match="EMULATOR_TAPE='kernels': expected one of kernel, sends"):
+        tape.enabled()
+    for mode in tape.MODES:
+        monkeypatch.setenv("EMULATOR_TAPE", mode)
+        assert tape.enabled() == (mode != "0")
