@@ -36,8 +36,8 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opcore import KSENDS
 from emulator.engine.opkernels import R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
+from emulator.engine.opmessages import KSENDS
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings

@@ -1,0 +1,312 @@
+"""A tape's pipeline messages as ops of the op kernels (OpCore's part for tape.py's kernel modes).
+
+A tape's sends to ranks of its own shard, and on one shard its receives, are launched here into the
+kernels' ring (``launch_send`` / ``launch_recv``): released there by a block's last op, put on the
+links by the message core's rules, completed in the kernels' heap with the seq the Python rules
+give them. While the kernels hold a stream's messages the shard's stream holds one stand-in op
+(kind ``KSENDS``); a Python launch on it, or a wait for every stream, seals it (``seal``) and the ops
+behind it go on when its last kernel message completes (``send_drained`` / ``drained``).
+``show_sends`` lets a deadlock report name the kernels' head messages as the streams' ops.
+
+A mixin of :class:`emulator.engine.opcore.OpCore`: it reads the core's arrays and tables (``self.args``,
+``self.sd``, ``self.kc``, ``slot_descs``, ``send_desc``, ``stand_ins``, ``shard``) set up there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from emulator.engine import opkernels as k
+from emulator.engine.ops import BLOCK, RECV, SEND, Op
+from emulator.engine.vgpu import VirtualGPU
+
+# the op kind of a kernel send stream's stand-in on the shard's stream (OpCore.launch_send): not one
+# of ops.py's kinds, never started, completed or counted by the Python rules
+KSENDS = 100
+
+
+def _grown(a: np.ndarray, rows: int) -> np.ndarray:
+    """``a`` with at least ``rows`` rows (doubling, zeros below): the op core's tables grow so."""
+    if rows <= a.shape[0]:
+        return a
+    b = np.zeros((max(rows, 2 * a.shape[0]),) + a.shape[1:], a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+class KernelMessages:
+    """OpCore's launches, completions and hand-backs of a tape's messages in the kernels."""
+
+    def launch_send(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline send (``message``: api.GPU.prepare_p2p's) on stream
+        ``name`` in the kernels: False (nothing done) where the Python rules must take it - a send
+        to another shard, the stream holds Python's ops, or a wait the program asked for, or the
+        rank has no slot left.
+
+        The shard's stream holds one stand-in op (kind KSENDS, started, never completed by the
+        Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
+        or one that waits for every stream seals it (:meth:`seal`), and the ops behind it go on when
+        its last send completes (:meth:`send_drained`), as behind that send."""
+        stream = _kernel_stream(gpu, name)
+        if stream is None:
+            return False
+        ops = stream.ops
+        if gpu.pending_waits and name in gpu.pending_waits:
+            return False
+        # (the program prepares each message once: its descriptor by the tuple's identity)
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, dst, _, tag = message
+            if self.shard.rank_shard[dst] != self.shard.index:
+                return False  # (its Python op bounds this shard's output: lookahead.py)
+            d = self._descriptor(gpu, name, dst, tag)
+            if d < 0:
+                return False
+            self.send_desc[id(message)] = (message, d, gpu)
+        if not ops:
+            self._stand_in(gpu, stream)
+        last = gpu.streams["compute"].last  # (the block just launched, or done)
+        shard = self.shard
+        k.launch_send(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def _stand_in(self, gpu: VirtualGPU, stream) -> None:
+        """The stream's messages go to the kernels: its stand-in, the counters from the rank's."""
+        key = (gpu.rank, stream.name)
+        for e in self.slot_descs[key]:
+            self.kc[self.sd.item(e, k.SD_CTR)] = self._counts(gpu, e).get(self._pair(e), 0)
+        stand_in = self.stand_ins[key] = Op(KSENDS, stream.name, None, None, None, False)
+        stand_in.started = True
+        stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
+        stand_in.stream = stream
+        stand_in.gpu = gpu
+        stream.ops.append(stand_in)
+        stream.last = stand_in
+
+    def launch_recv(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
+        """Shard.launch of a tape's pipeline receive on stream ``name`` in the kernels, and the wait
+        of the block launched next for it (tape.py's phase 1, opkernels.R_RPEND): False (nothing
+        done) where the Python rules must take it - as for a send (launch_send), or the compute
+        stream's last op is not a block (a dependency the kernels do not hold), or has Python ops
+        depending on it (the kernels would start the receive before them), or the program asked
+        for waits, or the run has several shards. A ProgramError for a message of another size, as
+        p2p.PointToPoint._start_recv."""
+        if gpu.pending_waits or self.shard.shards > 1:
+            # (several shards: the lookahead's least delay of the block after it, Shard.launch's
+            # ``dl``, counts the receive it waits for in Python: kept there)
+            return False
+        compute = gpu.streams.get("compute")
+        last = compute.last if compute is not None else None
+        if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
+            return False
+        stream = _kernel_stream(gpu, name)
+        if stream is None:
+            return False
+        ops = stream.ops
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            d = known[1]
+        else:
+            _, _, src, _, tag = message
+            d = self._descriptor(gpu, name, src, tag, True)
+            if d < 0:
+                return False
+            self.send_desc[id(message)] = (message, d, gpu)
+        if not ops:
+            self._stand_in(gpu, stream)
+        shard = self.shard
+        k.launch_recv(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return True
+
+    def complete_recv(self, gpu: VirtualGPU, op: int, t: int) -> None:
+        """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete."""
+        k.complete_recv(*self.args, op, t)
+        status = self._after()
+        shard = self.shard
+        if status == k.ST_LIMIT:
+            return
+        if status == k.ST_RESUME:
+            shard._maybe_resume(gpu)
+            return
+        # an instant op of the block it released stopped the kernels: as OpCore.stopped
+        self.instant_stop(gpu, status, t)
+        if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
+    def recv_op(self, op: int) -> tuple:
+        """A kernel receive's rank and its Python op as the Python rules would have it (its name,
+        peer, bytes and tag: errors and deadlock reports)."""
+        src, tag = self._pair(self.ops.item(op, k.O_LOST))
+        size = self.ops.item(op, k.O_VAL)
+        gpu = self.shard.gpus[self.ranks[self.ops.item(op, k.O_RI)]]
+        return gpu, Op(RECV, f"recv(src={src}, tag={tag}, {size} B)", src, size, tag)
+
+    def _mismatch(self) -> None:
+        """ST_RMISMATCH: the receive's error (p2p.PointToPoint._check_recv)."""
+        g = self.gm
+        gpu, op = self.recv_op(g[k.G_RET_OP])
+        shard = self.shard
+        shard.now = g[k.G_RET_T]
+        shard._check_recv(gpu, op, op.a, g[k.G_RET_TSTART])
+        raise AssertionError("a receive's mismatch without one")
+
+    def _pair(self, e: int) -> tuple:
+        return self.sd.item(e, k.SD_DST), self.sd.item(e, k.SD_TAG)
+
+    def _counts(self, gpu: VirtualGPU, e: int) -> dict:
+        """The rank's message counters of descriptor ``e``'s kind (p2p.PointToPoint's)."""
+        return gpu.p2p_recv if self.sd.item(e, k.SD_RECV) else gpu.p2p_send
+
+    def _descriptor(self, gpu: VirtualGPU, name: str, dst: int, tag: int, recv: bool = False) -> int:
+        """The descriptor of a send (or ``recv``: a receive from ``dst``) of (rank, stream, peer,
+        tag), new with its stream slot where needed, or -1 when the rank's slots are taken."""
+        d = self.desc_of.get((gpu.rank, name, dst, tag))
+        if d is not None:
+            return d
+        names = self.slot_names.setdefault(gpu._ri, [])
+        if name not in names:
+            if len(names) >= k.NSS:
+                return -1
+            names.append(name)
+            base = k.R_SS0 + names.index(name) * k.SS_FIELDS
+            self.rs[gpu._ri, base + k.SS_HEAD] = self.rs[gpu._ri, base + k.SS_TAIL] = -1
+            self.rs[gpu._ri, base + k.SS_BLK] = -1
+            self.slot_descs[(gpu.rank, name)] = []
+        d = self.n_sd
+        self.sd = _grown(self.sd, d + 1)
+        self.kc = _grown(self.kc, d + 1)
+        self.sd[d] = (dst, tag, 0 if recv else self.shard.core.rid(gpu.rank, dst), d, names.index(name), recv)
+        # (the counter as the rank has it: any message of this pair so far ran in Python)
+        self.kc[d] = self._counts(gpu, d).get((dst, tag), 0)
+        self.n_sd = d + 1
+        self.desc_of[(gpu.rank, name, dst, tag)] = d
+        self.slot_descs[(gpu.rank, name)].append(d)
+        self._pack_if_grown()
+        return d
+
+    def _slot_base(self, gpu: VirtualGPU, name: str) -> int:
+        return k.R_SS0 + self.slot_names[gpu._ri].index(name) * k.SS_FIELDS
+
+    def _hand_back(self, gpu: VirtualGPU, name: str) -> Op:
+        """The stream's sends are Python's again: the rank's counters take the kernels'."""
+        stand_in = self.stand_ins.pop((gpu.rank, name))
+        for e in self.slot_descs[(gpu.rank, name)]:
+            n = self.kc.item(self.sd.item(e, k.SD_CTR))
+            pair = self._pair(e)
+            counts = self._counts(gpu, e)
+            if n != counts.get(pair, 0):
+                counts[pair] = n
+        self.rs[gpu._ri, self._slot_base(gpu, name) + k.SS_SEAL] = 0
+        return stand_in
+
+    def seal(self, gpu: VirtualGPU, stream) -> None:
+        """Python is about to launch on ``stream``, or to wait for its last op, whose sends the
+        kernels hold: when they are all done the stand-in goes (the stream is Python's again), else
+        it stays the stream's head and last op until the last send completes (send_drained)."""
+        stand_in = stream.last
+        if stand_in.d:
+            return  # sealed already
+        if self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD] < 0:
+            self._hand_back(gpu, stream.name)
+            assert stream.ops[0] is stand_in and len(stream.ops) == 1
+            stream.ops.popleft()
+            stand_in.done = True
+            return
+        stand_in.d = True
+        self.rs[gpu._ri, self._slot_base(gpu, stream.name) + k.SS_SEAL] = 1
+
+    def show_sends(self) -> None:
+        """Before the streams are read for a deadlock report (Shard.blocked): a stand-in whose
+        messages are done goes, and one with messages left shows its head as the Python op would be
+        (its name, whether it started, whether it waits for the compute stream). The run ends there."""
+        for stand_in in list(self.stand_ins.values()):
+            gpu, stream = stand_in.gpu, stand_in.stream
+            head = self.rs.item(gpu._ri, self._slot_base(gpu, stream.name) + k.SS_HEAD)
+            if head < 0:
+                if not stand_in.d:
+                    self.seal(gpu, stream)
+                continue
+            if self.ops.item(head, k.O_KIND) == k.K_R:
+                op = self.recv_op(head)[1]
+            else:
+                dst, tag = self._pair(self.ops.item(head, k.O_LOST))
+                size = self.ops.item(head, k.O_VAL)
+                op = Op(SEND, f"send(dst={dst}, tag={tag}, {size} B)", dst, size, tag)
+            op.stream, op.gpu = stream, gpu
+            op.deps_left = self.ops.item(head, k.O_DEPS)
+            op.started = self.ops.item(head, k.O_STATE) == k.S_STARTED
+            op.t_start = self.ops.item(head, k.O_TSTART)
+            stream.ops[0] = op
+        # a block whose first op waits for a kernel receive: its proxy (started, waiting for nothing
+        # of Python's) shows as the Python rules' would, waiting for the receive's stream
+        for ri, names in self.slot_names.items():
+            first = self.rs.item(ri, k.R_CHEAD)
+            if first < 0 or not self.ops.item(first, k.O_DEPS):
+                continue
+            gpu = self.shard.gpus[self.ranks[ri]]
+            compute = gpu.streams.get("compute")
+            proxy = compute.ops[0] if compute is not None and compute.ops else None
+            if proxy is None or proxy.kind != BLOCK or proxy.deps_left:
+                continue
+            for slot in range(len(names)):
+                op = self.rs.item(ri, k.R_SS0 + slot * k.SS_FIELDS + k.SS_HEAD)
+                while op >= 0:
+                    deps = [self.ops.item(op, k.O_DEP0 + j) for j in range(self.ops.item(op, k.O_NDEP))]
+                    if self.ops.item(op, k.O_KIND) == k.K_R and first in deps:
+                        proxy.deps_left = 1
+                    op = self.ops.item(op, k.O_NEXT)
+
+    def send_drained(self) -> None:
+        """The kernels stopped at the last send of a sealed stream (ST_SDRAIN): its stand-in
+        completes as that send would in Shard._complete, its counts taken by the kernels."""
+        gpu, t = self.resumed()
+        self.drained(gpu, self.gm[k.G_SS], t)
+
+    def drained(self, gpu: VirtualGPU, slot: int, t: int, resume: bool = True) -> None:
+        """The last kernel op of the sealed stream of ``slot`` completed at ``t``: the stand-in goes
+        as that op would (its dependents, the stream's next ops; then the program's check, where
+        the kernels stopped before it: ``resume``)."""
+        shard = self.shard
+        shard.now = t
+        name = self.slot_names[gpu._ri][slot]
+        stand_in = self._hand_back(gpu, name)
+        stand_in.done = True
+        stand_in.t_end = t
+        stream = stand_in.stream
+        stream.ops.popleft()
+        dependents = stand_in.dependents
+        if dependents is not None:
+            stand_in.dependents = None
+            for dep in dependents:
+                dep.deps_left -= 1
+                if dep.deps_left == 0:
+                    s = dep.stream
+                    s.unblocked_by = name
+                    if s.ops and s.ops[0] is dep:
+                        shard._try_start(gpu, s)
+        if stream.ops:
+            shard._try_start(gpu, stream)
+        if resume and gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
+            shard._maybe_resume(gpu)
+
+
+def _kernel_stream(gpu: VirtualGPU, name: str):
+    """``gpu``'s stream ``name`` where the kernels may take its next message: empty, or holding
+    only their stand-in, not sealed (OpCore.seal); else None (Python's ops come first there)."""
+    stream = gpu.streams.get(name)
+    if stream is None:
+        stream = gpu.stream(name)
+    ops = stream.ops
+    if ops:
+        stand_in = ops[0]
+        if stand_in.kind != KSENDS or stand_in.d or len(ops) > 1:
+            return None
+    return stream
