@@ -19,7 +19,6 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine import api as engine_api
 from emulator.engine import opcore as engine_opcore
-from emulator.engine import shard as engine_shard
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
@@ -39,20 +38,6 @@ AXES = [
     ("faults.slow_gpu", ["[{ranks: [5], factor: 0.9}]", "[]"]),
     ("faults.slow_link", ["[{nic: {node: 1, index: 0}, factor: 0.25}]", "[]"]),
 ]
-
-
-@pytest.fixture
-def taped(monkeypatch):
-    """How many steps ran from tapes."""
-    steps = [0]
-    run_tape = engine_shard.Shard.run_tape
-
-    def counting(self, gpu, tape, held):
-        steps[0] += len(tape)
-        return run_tape(self, gpu, tape, held)
-
-    monkeypatch.setattr(engine_shard.Shard, "run_tape", counting)
-    return steps
 
 
 @pytest.fixture

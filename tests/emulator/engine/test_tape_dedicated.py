@@ -11,20 +11,6 @@ from emulator.engine import shard as engine_shard
 from tests.emulator.engine.test_tape import _run
 
 
-@pytest.fixture
-def taped(monkeypatch):
-    """How many steps ran from tapes (both ways together)."""
-    steps = [0]
-    run_tape = engine_shard.Shard.run_tape
-
-    def counting(self, gpu, tape, held):
-        steps[0] += len(tape)
-        return run_tape(self, gpu, tape, held)
-
-    monkeypatch.setattr(engine_shard.Shard, "run_tape", counting)
-    return steps
-
-
 def _both(base: str, args: list[str], monkeypatch, shards: int = 1):
     monkeypatch.setattr(engine_shard.Shard, "dedicated", True)
     fast = _run(base, args, True, monkeypatch, shards)
