@@ -49,14 +49,15 @@ from __future__ import annotations
 import os
 
 from emulator.engine.opkernels import ST_SUSPEND
+from emulator.engine.opmessages import ST_SENT, ST_STEPPED
 from emulator.engine.ops import Op
 from emulator.errors import ConfigError
 
-MODES = ("kernel", "sends", "python", "1", "0")  # ("1": tapes on, in Python, as "python")
+MODES = ("kernel", "sends", "python", "1", "0", "steps")  # ("1": tapes on, in Python, as "python")
 
 
 def _mode() -> str:
-    mode = os.environ.get("EMULATOR_TAPE", "kernel")
+    mode = os.environ.get("EMULATOR_TAPE", "steps")
     if mode not in MODES:  # (a typo would otherwise measure another mode than the one meant)
         raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(MODES)}")
     return mode
@@ -71,13 +72,19 @@ def kernel_sends() -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
     its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``). Read once
     per shard."""
-    return _mode() in ("sends", "kernel")
+    return _mode() in ("sends", "kernel", "steps")
 
 
 def kernel_receives() -> bool:
-    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``, the
-    default; one shard only: Shard.kernel_receives)."""
-    return _mode() == "kernel"
+    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
+    ``steps``, the default; one shard only: Shard.kernel_receives)."""
+    return _mode() in ("kernel", "steps")
+
+
+def fused_steps() -> bool:
+    """Whether a step's block, its send and the next step's receive are launched in one kernel call
+    (``EMULATOR_TAPE=steps``, the default; OpCore.launch_step) rather than one call each (``kernel``)."""
+    return _mode() == "steps"
 
 
 class Tape:
@@ -113,6 +120,7 @@ class Tape:
         launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive the kernels do not take)
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
+        fused = shard.fused_steps
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send = steps[i]
             if phase == 0:
@@ -142,7 +150,11 @@ class Tape:
                     self.i, self.phase = i, phase
                     return False
             if phase == 2:
-                if core.launch_rest(gpu) == ST_SUSPEND:  # no room in the kernels' ring yet
+                if fused:  # the block's rest, its send and the next step's receive in one kernel call
+                    status = core.launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
+                else:
+                    status = core.launch_rest(gpu)
+                if status == ST_SUSPEND:  # no room in the kernels' ring yet
                     shard._suspend(gpu)
                     self.i, self.phase = i, phase
                     return False
@@ -150,6 +162,16 @@ class Tape:
                 if alloc_key is not None:
                     self.held[alloc_key] = self.memory[0]
                 self.memory = None
+                if status >= ST_SENT:  # (phase 3 done, and with ST_STEPPED the next step's phase 0)
+                    i += 1
+                    phase = 0
+                    if status == ST_STEPPED:  # (its wait is the kernels', as launch_recv's)
+                        phase = 1
+                        self.op = None
+                    if gpu._susp:  # Shard.launch's check after the send (or the receive)
+                        self.i, self.phase = i, phase
+                        return False
+                    continue
                 if gpu._susp:  # Shard.launch's check after a last alloc or free row
                     self.i, self.phase = i, phase
                     return False
