@@ -222,6 +222,10 @@ class KernelMessages:
         if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
 
+    def recv_gpu(self, op: int) -> VirtualGPU:
+        """A kernel receive's rank (:meth:`recv_op` without the op)."""
+        return self.shard.gpus[self.ranks[self.ops.item(op, k.O_RI)]]
+
     def recv_op(self, op: int) -> tuple:
         """A kernel receive's rank and its Python op as the Python rules would have it (its name,
         peer, bytes and tag: errors and deadlock reports)."""
