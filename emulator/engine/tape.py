@@ -35,10 +35,18 @@ kernels (its proxy then waits for nothing of Python's). So a step's send and rec
 after their launch but that one call. The shard's streams hold one stand-in op meanwhile; Python
 hands a stream back where it launches on it or waits for every stream (OpCore.seal, drained).
 
+With ``EMULATOR_TAPE=steps`` (the default) a step's launches after its block's proxy take one
+kernel call (OpCore.launch_step, opkernels.launch_step): the block's rest, its send and the next
+step's receive, where no Python would run between them (the block launched to its end with no
+instant op stopping it, the program not to be suspended in between: their checks, made before the
+call, see what they would see after the block); else as many calls as with ``kernel``. A proxy is
+still a Python op, started by a kernel call of its own where it becomes its stream's head.
+
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
-``sends`` runs only its sends in the kernels, ``kernel`` (the default) its sends and receives:
-tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. Each shard reads its
+``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
+each, ``steps`` (the default) as ``kernel`` with a step's calls fused:
+tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit. Each shard reads its
 own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
 compares with ``engine.op_engine=python``, which takes no tapes, instead).
