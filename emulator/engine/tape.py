@@ -46,8 +46,8 @@ still a Python op, started by a kernel call of its own where it becomes its stre
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
 ``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
 each, ``steps`` (the default) as ``kernel`` with a step's calls fused:
-tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit. Each shard reads its
-own process's environment: Ray actors see the driver's only where the driver started the Ray
+tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit.
+Each shard reads its own process's environment: Ray actors see the driver's only where the driver started the Ray
 instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
 compares with ``engine.op_engine=python``, which takes no tapes, instead).
 """
