@@ -86,7 +86,7 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
     last = None  # (streams, starts, ends) of the previous rank, its tails and its wait slices' texts
     name_cat = _NameCat(cats)  # shared by the ranks: the peers of a folded group repeat most names
     name_index = _NameIndex(cats)  # the same texts by number, for the compiled formatter (joined)
-    named = None  # the previous rank's operations and their names' numbers in name_index (joined)
+    numbered = None  # the previous rank's operations and their names' numbers in name_index (joined)
     for rank in sorted(result.traces):
         ops = result.traces[rank]
         node = topo.rank_node[rank]
@@ -113,9 +113,9 @@ def _trace_chunks(result: RunResult, topo, timeline, joined: bool = False) -> It
             tails, waits, layout = last[1], last[2], last[3]
         else:
             tails = waits = layout = None
-        fast = _op_rows(ops, timing, heads, name_index, layout, named) if joined else None
+        fast = _op_rows(ops, timing, heads, name_index, layout, numbered) if joined else None
         if fast is not None:
-            fast, layout, named = fast
+            fast, layout, numbered = fast
             yield fast
         else:
             if tails is None:
