@@ -54,6 +54,8 @@ touch plain fields for the order-free totals (CompiledGPU).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from emulator.engine import opkernels as k
@@ -801,6 +803,7 @@ class OpCore(KernelMessages):
 
 
 
+@functools.lru_cache(maxsize=1 << 12)  # (the ranks of a stage make blocks of the same rows: one plan for them)
 def _memory_plan(mem_rows: tuple | None) -> tuple | None:
     """What a block's alloc and free rows ``(row, slot, alloc?, bytes, name)`` leave when it ends,
     for OpCore.begin: ``(each slot's last alloc (slot, name, bytes), the slots whose last alloc
