@@ -86,6 +86,10 @@ def training_program(config):
     # the last microbatch's backward reduces its experts' gradients layer by layer
     expert_buckets = experts and dpar.expert_replicas(config) > 1 and bool(expert_grad_bytes)
     by_stage: dict[tuple[int, str], _Stage] = {}  # (stage, GPU type) -> what its ranks compute alike
+    # a plain step's block (program.step_parts) as the first rank of a tensor group joined it, by
+    # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
+    # hand the engine that block, whose entry (OpCore.known) it has made once
+    shared_blocks: dict[tuple, list | None] = {}
 
     def stage_facts(stage: int, gpu) -> _Stage:
         """What every rank of ``stage`` on a GPU of ``gpu``'s type computes alike (its layers,
@@ -158,6 +162,8 @@ def training_program(config):
             shard_group = gpu.new_group(layout.shard_group(rank, shard))
             replica_group = gpu.new_group(layout.replica_group(rank, shard)) if shard < replicas else None
         pp_ranks = layout.pipeline_group(rank)
+        # what this rank's blocks launch collectives in (shared_blocks)
+        group_ids = (tp_group.gid if tp_group is not None else 0, tuple((name, g.gid) for name, g in groups.items()))
         chunk_layers = facts.chunk_layers
         last_stage = p.pipeline - 1
         stage_params = facts.stage_params
@@ -373,16 +379,26 @@ def training_program(config):
         def step_parts(is_forward: bool, chunk: int) -> tuple | None:
             """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
             backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
+            # the step's block as the first rank of this rank's groups (of its stage, GPU type and
+            # segments) joined it: the same rows, hence the compiled engine's template (the members'
+            # calls share their plans, opcore.OpCore._plan; a slow rank's entry is its own)
+            share = (is_forward, chunk, stage, gpu.gpu_type, id(segs), group_ids)
+            block = shared_blocks.get(share, False)
+            if block is False:
+                if is_forward:
+                    size = act_layer * chunk_layers[chunk]
+                    block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
+                else:
+                    around = ()
+                    if full_layer:
+                        around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"),
+                                  ("f", 0, full_layer, None))  # fmt: skip
+                    after = (("f", 1, act_layer * chunk_layers[chunk], None),)
+                    block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
+                shared_blocks[share] = block
             if is_forward:
-                size = act_layer * chunk_layers[chunk]
-                block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
                 src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
             else:
-                around = ()
-                if full_layer:
-                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
-                after = (("f", 1, act_layer * chunk_layers[chunk], None),)
-                block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
                 src = pipe.receive_source(stage, False, p.pipeline)
                 tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
             known = None if block is None else gpu.tape_block(block)
