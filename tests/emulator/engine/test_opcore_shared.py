@@ -12,12 +12,13 @@ from emulator.engine import opcore
 from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS
 
-# unfolded: every member of the 8-rank tensor groups runs its own program; rank 5 is slow (its
-# blocks keep templates of their own: their durations as launched)
+# unfolded: every member of the 8-rank tensor groups runs its own program; stages 1 and 2 run plain
+# steps (tape.py); rank 21, of stage 1, is slow (its blocks keep templates of their own: their
+# durations as launched)
 RUN = CONFIGS / "runs" / "megatron-175b-64gpu.yaml"
 OVERRIDES = [
-    "parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "training.global_batch_size=16",
-    "model.num_layers=4", "engine.fold_tensor_groups=false", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]",
+    "parallel.pipeline=4", "parallel.virtual_stages=1", "parallel.data=2", "training.global_batch_size=16",
+    "model.num_layers=4", "engine.fold_tensor_groups=false", "faults.slow_gpu=[{ranks: [21], factor: 0.9}]",
 ]  # fmt: skip
 
 
@@ -54,5 +55,10 @@ def test_a_tensor_group_shares_its_plans_and_templates(cores):
     groups = 64 // 8
     kinds = {b for key, (_, b, *_rest) in core.blocks.items() if b >= 0}
     assert core.n_tp == len(kinds) < 8 * groups * 4
+    # a forward's block (its activations' alloc, then its layer): a plain step's one per tensor group
+    # of stages 1 and 2, which its members share (training.step_parts), and the slow rank's own
+    # entry; the last stage's 16 ranks (not plain: the logits follow) join their own in forward()
+    steps = [key for key, (block, *_rest) in core.blocks.items() if len(block) > 1 and block[0][0] == "a"]
+    assert len(steps) == 4 + 1 + 16 and sum(type(key) is tuple for key in steps) == 1
     # the same run as the Python rules, which plan every member's call apart
     assert compiled == _run("python")
