@@ -83,12 +83,13 @@ def kernel_receives() -> bool:
 class Tape:
     """A run of a rank's pipeline steps and how far the engine has launched them.
 
-    ``steps``: ``(recv, known, alloc_key, alloc_name, free_key, send)`` each, where ``recv`` and
+    ``steps``: ``(recv, known, alloc_key, alloc_name, free_key, send, suffix)`` each, where ``recv`` and
     ``send`` are ``(api.GPU.prepare_p2p's message, stream)`` or None, ``known`` the block's entry
     (OpCore.known, eligible), ``alloc_key`` / ``alloc_name`` where the block's alloc row's
     allocation goes in ``held`` and the name it takes (slot 0, as training.forward passes it), and
     ``free_key`` the key in ``held`` of the allocation its free row frees (slot 1, as
-    training.backward passes it); ``held`` is the program's map of live allocations."""
+    training.backward passes it), ``suffix`` its compute ops' names' (launch_prepared's: a
+    deadlock report names them); ``held`` is the program's map of live allocations."""
 
     __slots__ = ("shard", "gpu", "core", "steps", "held", "i", "phase", "op", "memory")
 
@@ -114,7 +115,7 @@ class Tape:
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
         while i < n:
-            recv, known, alloc_key, alloc_name, free_key, send = steps[i]
+            recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
@@ -137,6 +138,7 @@ class Tape:
                 memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
+                core.suffix = suffix
                 core.begin_step(gpu, known, memory, after)
                 if gpu._susp:
                     self.i, self.phase = i, phase

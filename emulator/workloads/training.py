@@ -365,8 +365,9 @@ def training_program(config):
             recv, known, send = parts
             if is_forward:
                 gathers.pop(chunk, None)
-                return recv, known, (mb, chunk), f"stage{stage}.activations.mb{mb}.chunk{chunk}", None, send
-            return recv, known, None, None, (mb, chunk), send
+                return (recv, known, (mb, chunk), f"stage{stage}.activations.mb{mb}.chunk{chunk}", None, send,
+                        f" mb{mb}")
+            return recv, known, None, None, (mb, chunk), send, f" mb{mb}"
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
