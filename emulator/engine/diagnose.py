@@ -3,7 +3,7 @@ that a failed node or link (``faults.fail``, emulator/engine/faults.py) leaves b
 
 from __future__ import annotations
 
-from emulator.engine.ops import COLL, COMM_KINDS, RECV
+from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, RECV, Op
 from emulator.errors import CollectiveMismatchError, DeadlockError, FailureError
 from netmodel.collectives import ALGORITHMS
 from netmodel.collectives.base import OPS
@@ -31,10 +31,7 @@ def blocked_ranks(shard) -> list[dict]:
             continue
         waits, colls, waits_on = [], [], []
         comm = []  # the waits that are communications in flight (a failure report shows those)
-        for stream in gpu.streams.values():
-            if not stream.ops:
-                continue
-            op = stream.ops[0]
+        for stream, op in _heads(gpu):
             if op.kind == RECV:
                 waits.append(f"{op.describe()} on stream {stream.name}")
                 waits_on.append(op.a)
@@ -63,6 +60,63 @@ def blocked_ranks(shard) -> list[dict]:
                          comm=comm)  # fmt: skip
         result.append(entry)
     return result
+
+
+def _heads(gpu):
+    """``(stream, its head op)`` for each of the rank's streams with ops, in the order the Python
+    op engine made them, its ops as that engine would hold them: a compiled block's proxy at the
+    head of ``compute`` (opcore.py) is the block's first op, and the tensor stream the kernels hold
+    (empty on the shard: OpCore.claim made it where the Python rules would) has the first
+    collective of the blocks still to run at its head."""
+    compute = gpu.streams.get("compute")
+    for stream in gpu.streams.values():
+        ops = stream.ops
+        if ops:
+            op = ops[0]
+            yield stream, (_block_head(op, stream) if op.kind == BLOCK else op)
+        elif stream.name == "tp" and compute is not None:
+            op = _kernel_collective(gpu, compute, stream)
+            if op is not None:
+                yield stream, op
+
+
+def _block_head(proxy, stream) -> Op:
+    """The first op of a compiled block (its proxy's), as the Python op engine would launch it
+    (tensor_parallel.launch_prepared). A block stuck in a deadlock has not begun: the kernels run a
+    begun block to its end alone (its collectives have one arrival, opcore.py), so the first op
+    waits where the proxy waits (OpCore.show_sends: for a kernel receive too)."""
+    kind, a, b, c = proxy.known[0][0]
+    if kind == "c":
+        op = Op(COMPUTE, a + proxy.suffix, b, c)
+    else:  # an alloc or free of its slot ``a`` (OpCore._proxy keeps the allocations given at launch)
+        given = proxy.mem[3] if proxy.mem is not None else [None] * (a + 1)
+        if kind == "a":
+            op = Op(ALLOC, f"alloc({given[a] if c is None else c})")
+        else:
+            op = Op(FREE, f"free({getattr(given[a], 'name', given[a])})")
+    op.stream, op.gpu, op.deps_left = stream, proxy.gpu, proxy.deps_left
+    return op
+
+
+def _kernel_collective(gpu, compute, stream) -> Op | None:
+    """The head of a tensor stream the kernels hold: the first collective of the blocks whose
+    proxies wait on ``compute`` (the earlier blocks ran all theirs), numbered as GPU.launch_collective
+    numbers it (OpCore.claim counted every claimed block's), waiting for the compute op before it."""
+    first, later = None, 0
+    for proxy in compute.ops:
+        if proxy.kind != BLOCK or not proxy.known[2]:
+            continue
+        gid, calls = proxy.known[2]  # (the block's tensor group, its calls)
+        if first is None:
+            first = next(row[1] for row in proxy.known[0] if row[0] == "m")
+        if gid == first[0].gid:
+            later += calls
+    if first is None:
+        return None
+    group, call, algorithm, sig, _ = first
+    op = Op(COLL, None, call, algorithm, (group.gid, gpu.coll_seq[group.gid] - later), sig)
+    op.stream, op.gpu, op.deps_left = stream, gpu, 1  # (its block has not begun: _block_head)
+    return op
 
 
 def _short(items: list, limit: int = 6) -> str:

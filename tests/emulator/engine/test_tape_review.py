@@ -126,10 +126,9 @@ def test_a_deadlock_with_kernel_sends_in_flight_is_reported_alike(virtual, rank,
     assert kernel_took["sent"] and kernel_took["received"]
 
 
-@pytest.mark.xfail(strict=True, reason="predates the tape merge (same at e2373e0 and with EMULATOR_TAPE=0): "
-                   "the compiled op engine's deadlock report names a block proxy 'None' and leaves out the "
-                   "rank's blocked tp collective, which the Python op engine lists")  # fmt: skip
 def test_a_deadlock_report_matches_the_python_op_engine(monkeypatch):
+    """The compiled op engine names a block that waits as the Python op engine names its ops: its
+    first op on ``compute`` and its first tensor collective on ``tp`` (diagnose._heads)."""
     seen = _patch_p2p(monkeypatch, "recv", 24, 1, lambda size, tag: (size, tag + 7))
     args = ["training.global_batch_size=16", "parallel.virtual_stages=1"]
     compiled = _run(args, "0", monkeypatch, seen)
