@@ -38,46 +38,36 @@ hands a stream back where it launches on it or waits for every stream (OpCore.se
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
 ``sends`` runs only its sends in the kernels, ``kernel`` (the default) its sends and receives:
-tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. Each shard reads its
-own process's environment: Ray actors see the driver's only where the driver started the Ray
-instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
-compares with ``engine.op_engine=python``, which takes no tapes, instead).
+tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. The driver reads
+it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every shard runs
+that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
 """
 
 from __future__ import annotations
 
-import os
-
 from emulator.engine.opkernels import ST_SUSPEND
 from emulator.engine.ops import Op
-from emulator.errors import ConfigError
+from emulator.engine.settings import TAPE_MODES
+from emulator.engine.settings import tape_mode as _mode
 
-MODES = ("kernel", "sends", "python", "1", "0")  # ("1": tapes on, in Python, as "python")
-
-
-def _mode() -> str:
-    mode = os.environ.get("EMULATOR_TAPE", "kernel")
-    if mode not in MODES:  # (a typo would otherwise measure another mode than the one meant)
-        raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+MODES = TAPE_MODES  # ("1": tapes on, in Python, as "python")
 
 
-def enabled() -> bool:
-    """Whether shards run tapes (read once per shard)."""
-    return _mode() != "0"
+def enabled(mode: str | None = None) -> bool:
+    """Whether shards run tapes in ``mode`` (EngineSettings.tape; None: this process's EMULATOR_TAPE)."""
+    return (mode or _mode()) != "0"
 
 
-def kernel_sends() -> bool:
+def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
-    its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``). Read once
-    per shard."""
-    return _mode() in ("sends", "kernel")
+    its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``)."""
+    return (mode or _mode()) in ("sends", "kernel")
 
 
-def kernel_receives() -> bool:
+def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``, the
     default; one shard only: Shard.kernel_receives)."""
-    return _mode() == "kernel"
+    return (mode or _mode()) == "kernel"
 
 
 class Tape:
