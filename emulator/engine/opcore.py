@@ -63,7 +63,7 @@ from emulator.engine.events import EV_OP_DONE, INF, at_event
 from emulator.engine.lookahead import block_bound
 from emulator.engine.netkernels import MAXX, SEND_ROOM
 from emulator.engine.opmessages import KernelMessages, _grown
-from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
+from emulator.engine.ops import BLOCK, COMPUTE, Allocation, BlockProxy, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError
 
@@ -220,6 +220,7 @@ class OpCore(KernelMessages):
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
+        self.suffix = ""  # the next block's compute ops' names' (launch_prepared's; api.GPU.launch_block, tape.py)
         self.top = INF
         # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
         # descriptor of (rank, stream, destination, tag) and of a message, each rank's stream slots by name, and the
@@ -555,6 +556,8 @@ class OpCore(KernelMessages):
         if extra and rank in self.python_ranks:
             return False
         if extra:
+            if rank not in self.core_ranks:  # its tensor stream where Python makes it, for reports (diagnose.py)
+                gpu.stream("compute"), gpu.stream("tp")
             self.core_ranks.add(rank)
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
@@ -577,8 +580,9 @@ class OpCore(KernelMessages):
         _, b, _, figures, mem_rows, plan = known
         gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
-        proxy = Op(BLOCK, None, *figures)
+        proxy = BlockProxy(BLOCK, None, *figures)
         proxy.mem = None
+        proxy.known, proxy.suffix = known, self.suffix  # (its ops' names, for a deadlock report: diagnose.py)
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends

@@ -124,7 +124,7 @@ def training_program(config):
         facts.root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
                               if root_params else [])
         # the schedule's actions, each with whether it can be a tape's step whatever the rank (the
-        # static half of the program's tape_step conditions) and its activations' key and name
+        # static half of the program's tape_step conditions), its activations' key and name and its ops' name suffix
         last_stage = p.pipeline - 1
         actions = []
         buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
@@ -132,7 +132,7 @@ def training_program(config):
             plain = not ((stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1)
                          or (not is_forward and mb == micro - 1 and buckets[chunk]))  # fmt: skip
             name = f"stage{stage}.activations.mb{mb}.chunk{chunk}" if is_forward and plain else None
-            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name))
+            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, f" mb{mb}"))
         facts.actions = actions
         return facts
 
@@ -414,7 +414,7 @@ def training_program(config):
             schedule's) launches when it is plain (see tape.py; the conditions are theirs: the
             static ones, no embedding or logits and no gradient buckets, are the action's), else
             None."""
-            is_forward, mb, chunk, plain, key, name = action
+            is_forward, mb, chunk, plain, key, name, suffix = action
             if not plain or (is_forward and gathers and gathers.get(chunk)):
                 return None
             parts = (forward_parts if is_forward else backward_parts)[chunk]
@@ -426,8 +426,8 @@ def training_program(config):
             if is_forward:
                 if gathers:
                     gathers.pop(chunk, None)
-                return recv, known, key, name, None, send
-            return recv, known, None, None, key, send
+                return recv, known, key, name, None, send, suffix
+            return recv, known, None, None, key, send, suffix
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
