@@ -313,9 +313,13 @@ class RayTransport:
     """The shard actors as the round protocol's transport: one actor call per busy shard and round,
     each carrying the msgpack batches routed to it (so Ray calls grow with rounds, not messages)."""
 
-    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks):
+    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks,
+                 settings: EngineSettings | None = None):  # fmt: skip
         self.ray, self.pool, self.config = ray, pool, config
         self.layout, self.rank_shard, self.trace_ranks = layout, rank_shard, tuple(trace_ranks)
+        # the engine settings every shard is built with, resolved once here in the driver (its
+        # EMULATOR_TAPE: settings.tape_mode), not in each actor's process
+        self.settings = settings if settings is not None else EngineSettings.from_run_config(config)
         self.shards = len(layout)
         self.world_size = topo.world_size
 
@@ -325,9 +329,9 @@ class RayTransport:
     def start(self) -> dict:
         # put once: every shard's call takes the same references
         config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
-        source = _program_source(self.config)
-        return self._call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source)
-                                    for i in range(self.shards)})  # fmt: skip
+        source, settings_ref = _program_source(self.config), self.ray.put(self.settings)
+        return self._call("start", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source,
+                                        settings_ref) for i in range(self.shards)})  # fmt: skip
 
     def step(self, work: dict) -> dict:
         return self._call("step", work)
@@ -357,8 +361,9 @@ class DirectRayTransport(RayTransport):
 
     exchanges_directly = True
 
-    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks):
-        super().__init__(ray, pool, config, topo, layout, rank_shard, trace_ranks)
+    def __init__(self, ray, pool: ShardPool, config, topo, layout, rank_shard, trace_ranks,
+                 settings: EngineSettings | None = None):  # fmt: skip
+        super().__init__(ray, pool, config, topo, layout, rank_shard, trace_ranks, settings)
         self.lookahead_ns = topo.min_cross_node_latency_ns()
         self.reached: tuple | None = None
 
@@ -368,9 +373,9 @@ class DirectRayTransport(RayTransport):
         addresses = [addresses[i] for i in range(n)]
         self.pool.call("connect_mesh", {i: (addresses, START_TIMEOUT_S) for i in range(n)}, timeout_s=START_TIMEOUT_S)
         config_ref, rank_shard_ref = self.ray.put(self.config), self.ray.put(self.rank_shard)
-        source = _program_source(self.config)
+        source, settings_ref = _program_source(self.config), self.ray.put(self.settings)
         self.pool.call("start_direct", {i: (config_ref, self.layout[i], rank_shard_ref, i, self.trace_ranks, source,
-                                            self.lookahead_ns) for i in range(n)})  # fmt: skip
+                                            self.lookahead_ns, settings_ref) for i in range(n)})  # fmt: skip
 
     def advance(self, budget_s: float, want_stats: bool) -> tuple[bool, tuple, list]:
         replies = self.pool.call("run", {i: (budget_s, want_stats) for i in range(self.shards)})
@@ -407,13 +412,14 @@ def run_ray(config, topo, shards: int, address: str | None = None, observer: Obs
     """Run ``config`` on ``shards`` Ray actors; the same results as ``run_inline``."""
     ray = import_ray()
     connect(ray, address)
-    layout, rank_shard = shard_layout(topo, shards, EngineSettings.from_run_config(config))
+    settings = EngineSettings.from_run_config(config)  # (the driver's EMULATOR_TAPE: a ConfigError before any actor)
+    layout, rank_shard = shard_layout(topo, shards, settings)
     pool = ShardPool(ray, place_shards(ray, len(layout), cpus_per_shard))
     try:
         pool.describe()
         direct = len(layout) > 1 and config.engine.ray_rounds == "direct"
         transport = (DirectRayTransport if direct else RayTransport)(ray, pool, config, topo, layout, rank_shard,
-                                                                     trace_ranks)  # fmt: skip
+                                                                     trace_ranks, settings)  # fmt: skip
         result = drive(transport, topo.min_cross_node_latency_ns(), observer)
     except BaseException as exc:
         pool.kill()  # a failed run leaves no actor behind (nor one in an unknown state)

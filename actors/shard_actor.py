@@ -159,7 +159,14 @@ class ShardHost:
         self.program_digests: dict[str, str] = {}  # actors serve several runs of one driver
         self.mesh: Mesh | None = None  # connections to the other shards (engine.ray_rounds: direct)
         self.peer: PeerRounds | None = None
+        self.tapes: dict | None = None  # how the last shard built here ran tapes (:meth:`tapes_ran`)
         code_digest()
+
+    def tapes_ran(self) -> dict | None:
+        """How the last shard built here ran the built-in program's pipeline steps (tape.py): the
+        EMULATOR_TAPE mode the driver gave it, and whether tapes, their kernel sends and receives were
+        on; None before any run. (What a run measured, kept after it; tests/actors/test_tape_ray.py.)"""
+        return self.tapes
 
     def describe(self) -> dict:
         """Where this shard lives and which code it runs (checked against the driver's)."""
@@ -173,9 +180,11 @@ class ShardHost:
         }
 
     def start(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks=(),
-              program_source: bytes | None = None) -> tuple:  # fmt: skip
-        """Build the shard and run every program to its first suspension; replies as :meth:`step`."""
-        return self._reply(self._build(config, ranks, rank_shard, index, trace_ranks, program_source), False)
+              program_source: bytes | None = None, settings: EngineSettings | None = None) -> tuple:  # fmt: skip
+        """Build the shard and run every program to its first suspension; replies as :meth:`step`.
+        ``settings``: the engine settings the driver built (None: built here from ``config``)."""
+        reply = self._build(config, ranks, rank_shard, index, trace_ranks, program_source, settings)
+        return self._reply(reply, False)
 
     # -- rounds among the shards (engine.ray_rounds: direct, actors/peer.py) --------------------
     def open_mesh(self, index: int, shards: int) -> tuple[str, int]:
@@ -188,9 +197,10 @@ class ShardHost:
         self.mesh.connect(addresses, timeout_s)
 
     def start_direct(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks,
-                     program_source: bytes | None, lookahead_ns: float) -> None:  # fmt: skip
+                     program_source: bytes | None, lookahead_ns: float,
+                     settings: EngineSettings | None = None) -> None:  # fmt: skip
         """:meth:`start`, its reply kept for the first exchange with the other shards."""
-        reply = self._build(config, ranks, rank_shard, index, trace_ranks, program_source)
+        reply = self._build(config, ranks, rank_shard, index, trace_ranks, program_source, settings)
         self.peer = PeerRounds(self.shard, index, self.mesh.shards, self.mesh, lookahead_ns, encode_records,
                                decode_records)  # fmt: skip
         self.peer.begin(reply)
@@ -217,7 +227,7 @@ class ShardHost:
         self.mesh, self.peer = None, None
 
     def _build(self, config, ranks: list[int], rank_shard: list[int], index: int, trace_ranks,
-               program_source: bytes | None) -> tuple:  # fmt: skip
+               program_source: bytes | None, settings: EngineSettings | None = None) -> tuple:  # fmt: skip
         """Build the shard and run every program to its first suspension; the shard's reply."""
         config = localise_program(config, program_source)
         if program_source is not None:  # an edited program is imported again, as a new driver would
@@ -227,9 +237,15 @@ class ShardHost:
             self.program_digests[config.program] = digest
         program, args = resolve_program(config)
         topo = Topology(config.cluster)
-        settings = EngineSettings.from_run_config(config)  # as the driver built them: the same config
+        # the driver's settings: what it read of its own process (the EMULATOR_TAPE mode) is not this
+        # actor's environment, which a cluster started elsewhere (--address) set
+        if settings is None:
+            settings = EngineSettings.from_run_config(config)
         fold = fold_factor(settings, topo)  # resolve_program gave the built-in workload iff config.program is None
         self.shard = Shard(topo, ranks, rank_shard, index, program, settings, args, trace_ranks, fold, config)
+        shard = self.shard
+        self.tapes = {"mode": settings.tape, "on": shard.tapes_on, "kernel_sends": bool(shard.kernel_sends),
+                      "kernel_receives": bool(shard.kernel_receives)}  # fmt: skip
         return self.shard.start()
 
     def step(self, horizon: float, inbound: list[bytes], want_stats: bool) -> tuple:

@@ -125,7 +125,12 @@ def _load(args):
 
 
 def _start_monitor(args, config, out_dir: Path, topo):
-    """Live figures for ``emulator run``: Prometheus exporter (``--metrics-port``), progress bar."""
+    """Live figures for ``emulator run``: Prometheus exporter (``--metrics-port``), progress bar;
+    None where nothing would consume them (``--quiet`` without ``--metrics-port``: the monitor
+    would be inactive, see ``Monitor.active``), so that the run does not build the live state and
+    its work plan (each stage's segments) nor import the monitoring package."""
+    if args.quiet and args.metrics_port is None:
+        return None
     from emulator.monitoring import Monitor
     from emulator.monitoring.progress import ProgressDisplay
 
@@ -167,16 +172,17 @@ def _run_config(args, config) -> int:
         # the run's own end (deadlock, OOM, a lost shard): say why now, then keep the endpoint up
         # so that Prometheus scrapes the final figures and the status, as after a completed run
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        monitor.linger(args.metrics_grace_s, quiet=args.quiet)
+        _linger(monitor, args)
         return exc.exit_code
     except KeyboardInterrupt:
         # the run directory and the endpoint say "interrupted" with what was reached; a second
         # Ctrl-C ends the grace period at once
         print("error: interrupted", file=sys.stderr, flush=True)
-        monitor.linger(args.metrics_grace_s, quiet=args.quiet)
+        _linger(monitor, args)
         return 130
     except BaseException:
-        monitor.close()  # a bug, with its traceback: no waiting
+        if monitor is not None:
+            monitor.close()  # a bug, with its traceback: no waiting
         raise
     summary = done.summary
     if args.wandb:
@@ -197,8 +203,14 @@ def _run_config(args, config) -> int:
         it, mfu = job.get("iteration_time_s"), job.get("mfu")
         print(f"  job {job['name']}: {job['world_size']} GPUs" + (f", iteration {it:.4f} s" if it else "")
               + (f", MFU {mfu:.3f}" if mfu is not None else ""), flush=True)  # fmt: skip
-    monitor.linger(args.metrics_grace_s, quiet=args.quiet)  # then stops the metrics endpoint
+    _linger(monitor, args)  # then stops the metrics endpoint
     return 0
+
+
+def _linger(monitor, args) -> None:
+    """The monitor's grace period (``Monitor.linger``), where there is a monitor."""
+    if monitor is not None:
+        monitor.linger(args.metrics_grace_s, quiet=args.quiet)
 
 
 def cmd_check(args) -> int:

@@ -12,6 +12,12 @@ derived figure small: sizes stay far below 2**63 bytes, and the slowest allowed 
 (100 Mb/s NIC x 0.05 efficiency / 64 total oversubscription, ~10 kB/s) moves the largest message a
 GPU can hold (~2**38 bytes) in ~2**55 ns, so int64 virtual time has room for hundreds of them.
 
+The world size (MAX_WORLD_SIZE, 2**20 GPUs: bounded as a whole, although MAX_NODES nodes of
+MAX_GPUS_PER_NODE GPUs would be 2**30) also keeps the compiled op engine's packed event keys valid:
+they hold a rank in 23 bits (``rank << 40 | seq``, opkernels.RANK_BITS), so no run a user can
+configure reaches that bound and OpCore checks it only as an invariant (an ``assert``);
+tests/emulator/engine/test_engine_limits.py holds the two bounds together.
+
 The bandwidth floors are also about wall time: the traffic timeline has an entry per
 ``timeline_bucket_us`` of every message's serialisation, so a 1 GiB all-reduce at 1 Mb/s (hours
 of virtual time) means millions of entries and gigabytes of host memory. 100 Mb/s Ethernet and

@@ -309,13 +309,15 @@ class GPU:
         self._shard.launch(gpu, op_obj, stream, True)
         return op_obj
 
-    def launch_block(self, block: list, memory: list | None = None) -> bool:
+    def launch_block(self, block: list, memory: list | None = None, suffix: str = "") -> bool:
         """Launch a block of tensor_parallel.prepare_segments in the compiled per-op engine
         (emulator/engine/opcore.py); False when it does not run there (launch it op by op).
-        ``memory``: its alloc and free rows' allocations (tensor_parallel.launch_prepared)."""
+        ``memory``: its alloc and free rows' allocations, ``suffix``: its compute ops' names'
+        (tensor_parallel.launch_prepared)."""
         core = self._shard.ops_core
         if core is None or self._gpu.trace is not None:
             return False
+        core.suffix = suffix
         return core.launch(self._gpu, block, memory)
 
     def takes_tapes(self) -> bool:

@@ -3,7 +3,8 @@ that a failed node or link (``faults.fail``, emulator/engine/faults.py) leaves b
 
 from __future__ import annotations
 
-from emulator.engine.ops import COLL, COMM_KINDS, RECV
+from emulator.engine import opkernels as k
+from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, RECV, Op
 from emulator.errors import CollectiveMismatchError, DeadlockError, FailureError
 from netmodel.collectives import ALGORITHMS
 from netmodel.collectives.base import OPS
@@ -31,19 +32,19 @@ def blocked_ranks(shard) -> list[dict]:
             continue
         waits, colls, waits_on = [], [], []
         comm = []  # the waits that are communications in flight (a failure report shows those)
-        for stream in gpu.streams.values():
-            if not stream.ops:
-                continue
-            op = stream.ops[0]
+        for stream, op, kernel_peers in _heads(shard, gpu):
             if op.kind == RECV:
                 waits.append(f"{op.describe()} on stream {stream.name}")
                 waits_on.append(op.a)
                 comm.append(waits[-1])
             elif op.kind == COLL and op.started:
-                peers = shard.collective_waits(gpu, op)
-                arrived = shard.rendezvous.get(op.c)
-                if arrived is not None:  # intra-node fast path: waiting for members to arrive
-                    peers = sorted(set(op.a.ranks) - {g.rank for g, _ in arrived})
+                if kernel_peers is not None:  # the compiled op engine's (_heads)
+                    peers = kernel_peers
+                else:
+                    peers = shard.collective_waits(gpu, op)
+                    arrived = shard.rendezvous.get(op.c)
+                    if arrived is not None:  # intra-node fast path: waiting for members to arrive
+                        peers = sorted(set(op.a.ranks) - {g.rank for g, _ in arrived})
                 shown = f"rank(s) {_short(peers)}" if peers else "messages lost to the failure"
                 waits.append(f"{op.describe()} waiting for {shown}")
                 waits_on.extend(peers)
@@ -63,6 +64,111 @@ def blocked_ranks(shard) -> list[dict]:
                          comm=comm)  # fmt: skip
         result.append(entry)
     return result
+
+
+def _heads(shard, gpu):
+    """``(stream, its head op, the members it waits for or None)`` for each of the rank's streams
+    with ops, in the order the Python op engine made them, their ops as that engine would hold
+    them. Where the compiled op engine (opcore.py) holds them: a block's proxy at the head of
+    ``compute`` is the block's op at the head of the kernels' compute stream, and the tensor stream
+    (empty on the shard: OpCore.claim made it where the Python rules would) has the kernels' head
+    collective; one started there waits for the members its group's open call lacks (the kernels'
+    arrivals, as collective_run's rendezvous)."""
+    compute = gpu.streams.get("compute")
+    kernel = None
+    if compute is not None and any(op.kind == BLOCK for op in compute.ops):
+        kernel = _kernel_heads(shard.ops_core, gpu, compute)
+    for stream in gpu.streams.values():
+        ops = stream.ops
+        if ops and ops[0].kind == BLOCK:
+            yield stream, *kernel[0]
+        elif ops:
+            yield stream, ops[0], None
+        elif stream.name == "tp" and kernel is not None and kernel[1] is not None:
+            yield stream, *kernel[1]
+
+
+def _kernel_heads(core, gpu, compute) -> tuple:
+    """The heads of the kernels' compute and tensor streams for the blocks whose proxies are on
+    ``compute``: ``(op, peers)`` each as :func:`_heads` yields them (None: nothing there). A stream
+    completes its ops in order, so of the rows the kernels were given (a block launched half way,
+    ST_SUSPEND, has rows up to ``R_BPOS``; one not begun, ``R_BEGIN``, none) the head is the first
+    of the last ones still queued there."""
+    rs, ops = core.rs, core.ops
+    ri = gpu._ri
+    proxies = [op for op in compute.ops if op.kind == BLOCK]
+    rows_c, rows_t = [], []  # (proxy, position) of the rows given to the kernels, by stream
+    later = 0  # collectives claimed (OpCore.claim: counted as launched) but not given yet
+    for i, proxy in enumerate(proxies):
+        block = proxy.known[0]
+        given = len(block)
+        if i == len(proxies) - 1:  # the last one launched: maybe not (wholly) given yet
+            given = 0 if rs.item(ri, k.R_BEGIN) >= 0 else min(given, rs.item(ri, k.R_BPOS))
+            later = sum(row[0] == "m" for row in block[given:])
+        for pos in range(given):
+            kind = block[pos][0]
+            if kind == "m":
+                rows_t.append((proxy, pos))
+            elif kind != "w":
+                rows_c.append((proxy, pos))
+    heads = []
+    for rows, field in ((rows_c, k.R_CHEAD), (rows_t, k.R_THEAD)):
+        queued, op = [], rs.item(ri, field)
+        while op >= 0:
+            queued.append(op)
+            op = ops.item(op, k.O_NEXT)
+        if not queued and field == k.R_CHEAD and compute.ops[0].kind == BLOCK:
+            # the head block not begun (R_BEGIN: the program suspended right after its proxy's
+            # launch): the Python rules would hold its first op, waiting where the proxy waits
+            heads.append((compute.ops[0], 0, 0, compute.ops[0].deps_left, False, -1))
+            continue
+        assert len(queued) <= len(rows), (gpu.rank, field, len(queued), len(rows))
+        if not queued:
+            heads.append(None)
+            continue
+        proxy, pos = rows[len(rows) - len(queued)]
+        head = queued[0]
+        deps = ops.item(head, k.O_DEPS) + (proxy.deps_left if ops.item(head, k.O_GATE) else 0)
+        started = ops.item(head, k.O_STATE) == k.S_STARTED
+        heads.append((proxy, pos, len(queued), deps, started, head))
+    shown_c = shown_t = None
+    if heads[0] is not None:
+        proxy, pos, _, deps, started, _ = heads[0]
+        op = _block_op(proxy, pos)
+        op.stream, op.gpu, op.deps_left, op.started = compute, gpu, deps, started
+        shown_c = (op, None)
+    if heads[1] is not None:
+        proxy, pos, queued, deps, started, head = heads[1]
+        group, call, algorithm, sig, _ = proxy.known[0][pos][1]
+        # numbered as GPU.launch_collective numbers it (OpCore.claim counted every claimed block's
+        # calls; a rank's tensor group is one, as its blocks' tp rows)
+        op = Op(COLL, None, call, algorithm, (group.gid, gpu.coll_seq[group.gid] - queued - later), sig)
+        op.stream, op.gpu, op.deps_left, op.started = gpu.streams["tp"], gpu, deps, started
+        peers = None
+        if started:
+            gr = core.gr[core.pl.item(ops.item(head, k.O_VAL), k.P_GROUP)]
+            arrived = {core.ranks[gr.item(k.GR_MEM0 + 2 * j)] for j in range(gr.item(k.GR_N))}
+            peers = sorted(set(call.ranks) - arrived)
+        shown_t = (op, peers)
+    return shown_c, shown_t
+
+
+def _block_op(proxy, pos: int) -> Op:
+    """The op of row ``pos`` of a compiled block (its proxy's) as tensor_parallel.launch_prepared
+    launches it: a compute op named with the block's suffix, an alloc or a free named after its
+    allocation (the block's memory slots as given at launch, OpCore._proxy, then its own allocs)."""
+    block = proxy.known[0]
+    kind, a, b, c = block[pos]
+    if kind == "c":
+        return Op(COMPUTE, a + proxy.suffix, b, c)
+    memory = list(proxy.mem[3]) if proxy.mem is not None else []
+    memory.extend([None] * (a + 1 - len(memory)))
+    for row in block[:pos]:
+        if row[0] == "a":
+            memory[row[1]] = memory[row[1]] if row[3] is None else row[3]
+    if kind == "a":
+        return Op(ALLOC, f"alloc({memory[a] if c is None else c})")
+    return Op(FREE, f"free({getattr(memory[a], 'name', memory[a])})")
 
 
 def _short(items: list, limit: int = 6) -> str:

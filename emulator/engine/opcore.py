@@ -54,6 +54,8 @@ touch plain fields for the order-free totals (CompiledGPU).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from emulator.engine import opkernels as k
@@ -61,7 +63,7 @@ from emulator.engine.events import EV_OP_DONE, INF, at_event
 from emulator.engine.lookahead import block_bound
 from emulator.engine.netkernels import MAXX, SEND_ROOM
 from emulator.engine.opmessages import KernelMessages, _grown
-from emulator.engine.ops import BLOCK, COMPUTE, Allocation, Op
+from emulator.engine.ops import BLOCK, COMPUTE, Allocation, BlockProxy, Op
 from emulator.engine.vgpu import VirtualGPU, oom_message
 from emulator.errors import EmulatorError, OutOfMemoryError
 
@@ -203,6 +205,7 @@ class OpCore(KernelMessages):
         self.plk = np.zeros(256, np.int64)
         self.n_pl = self.n_plk = 0
         self.plan_of: dict[int, tuple] = {}  # id(closed plan) -> (plan, index)
+        self.plan_alike: dict[tuple, int] = {}  # a plan's figures -> its index (_plan: a group's members share it)
         self.plan_info: list[tuple] = []  # index -> (accumulator, collective op name)
         self.group_index: dict[tuple, int] = {}  # a tensor group's ranks -> its row of ``gr``
         self.sig_index: dict[int, int] = {}  # a call's signature -> a small int (the kernels compare them)
@@ -217,6 +220,7 @@ class OpCore(KernelMessages):
         self.core_ranks: set[int] = set()  # ranks whose tensor stream the kernels hold
         self.python_ranks: set[int] = set()  # ranks that launched tensor collectives in Python
         self.proxies: dict[int, Op] = {}  # rank index -> the proxy of its running block
+        self.suffix = ""  # the next block's compute ops' names' (launch_prepared's; api.GPU.launch_block, tape.py)
         self.top = INF
         # kernel sends (launch_send): their descriptors (opkernels.SD_*) and counters, the
         # descriptor of (rank, stream, destination, tag) and of a message, each rank's stream slots by name, and the
@@ -239,9 +243,10 @@ class OpCore(KernelMessages):
 
     def _pack_if_grown(self) -> None:
         """:meth:`_pack` when one of the growing arrays was grown (is no longer a view of the buffer)."""
-        if any(a.base is not self.gb for a in (self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc)) or (
-            self.tf is not self.args[3]
-        ):
+        gb = self.gb  # (called after every new template, plan and message descriptor: no generator)
+        if (self.ti.base is not gb or self.tp.base is not gb or self.pl.base is not gb or self.plk.base is not gb
+                or self.tl.base is not gb or self.sd.base is not gb or self.kc.base is not gb
+                or self.tf is not self.args[3]):  # fmt: skip
             self._pack()
 
     def _pack(self) -> None:
@@ -340,23 +345,37 @@ class OpCore(KernelMessages):
         known = self.plan_of.get(id(plan))
         if known is not None and known[0] is plan:
             return known[1]
-        _, _, arrivals, links, _tx, _rx, duration, messages, msg_bytes, _per, _busy, acc = plan
+        _, _, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy, acc = plan
+        # each member of a group has a plan of its own call (its accumulator), with the same figures:
+        # the members share the first one's row and accumulator, hence templates (the tensor group's
+        # 8 ranks, one template). The same results: the kernels count every call of the row, and
+        # ShardStats.flush adds each figure times the calls and keeps the longest wait per link, the
+        # totals of one accumulator per member
+        alike = (call.ranks, call.op, sig, arrivals, links, tx, rx, duration, messages, msg_bytes, per, busy)
+        p = self.plan_alike.get(alike)
+        if p is not None:
+            self.plan_of[id(plan)] = (plan, p)
+            return p
         p = self.n_pl
-        self.pl = _grown(self.pl, p + 1)
-        self.plk = _grown(self.plk, self.n_plk + len(links))
+        pl, plk = self.pl, self.plk
+        self.pl = _grown(pl, p + 1)
+        self.plk = _grown(plk, self.n_plk + len(links))
         self.plk[self.n_plk : self.n_plk + len(links)] = links
-        self.pl[p, :] = 0
-        self.pl[p, k.P_DUR], self.pl[p, k.P_MSGB], self.pl[p, k.P_MSGS] = duration, msg_bytes, messages
-        self.pl[p, k.P_MEMBERS], self.pl[p, k.P_LPTR], self.pl[p, k.P_LLEN] = call.n, self.n_plk, len(links)
+        row = [0] * k.P_FIELDS  # (the counters, P_CALLS ..., start at 0)
+        row[k.P_DUR], row[k.P_MSGB], row[k.P_MSGS] = duration, msg_bytes, messages
+        row[k.P_MEMBERS], row[k.P_LPTR], row[k.P_LLEN] = call.n, self.n_plk, len(links)
         # the group's row of the arrivals table (one arrival: the member's own slot, read at once)
-        self.pl[p, k.P_ARRIVALS] = arrivals
-        self.pl[p, k.P_GROUP] = self.group_index.setdefault(call.ranks, len(self.group_index))
-        self.pl[p, k.P_SIG] = self.sig_index.setdefault(sig, len(self.sig_index))
+        row[k.P_ARRIVALS] = arrivals
+        row[k.P_GROUP] = self.group_index.setdefault(call.ranks, len(self.group_index))
+        row[k.P_SIG] = self.sig_index.setdefault(sig, len(self.sig_index))
+        self.pl[p] = row
         self.n_plk += len(links)
         self.n_pl = p + 1
         self.plan_of[id(plan)] = (plan, p)
+        self.plan_alike[alike] = p
         self.plan_info.append((acc, call.op))
-        self._pack_if_grown()
+        if self.pl is not pl or self.plk is not plk:
+            self._pack_if_grown()
         return p
 
     def _template(self, block: list, rank: int) -> tuple[int, bool]:
@@ -366,7 +385,8 @@ class OpCore(KernelMessages):
         slow = faults is not None and rank in faults.ranks
         rows, tp_calls, gid = [], 0, 0
         # a block starts and ends on the compute stream (its proxy's), and runs some compute
-        eligible = bool(block) and block[0][0] in "caf" and block[-1][0] in "caf" and any(r[0] == "c" for r in block)
+        eligible = bool(block) and block[0][0] in "caf" and block[-1][0] in "caf"
+        computes = False  # (the loop's "c" rows)
         pending = False
         # collectives since the last compute op (its dependents: at most MAX_DEPS), and the ones the
         # next compute op waits for (launch_rest's R_WAIT0 slots: at most MAX_WAITS): each collective
@@ -377,6 +397,8 @@ class OpCore(KernelMessages):
         # a wait the compute stream's next op owes (a collective waited for at once, a "w"): an alloc
         # or free there would take it (Shard.launch's pending waits); the kernels give them none
         owed = False
+        # id(a prepared call) -> (its plan, whether Python runs its group): a joined block repeats a layer's calls
+        calls: dict[int, tuple] = {}
         for pos, (kind, a, b, c) in enumerate(block):
             if kind == "a" or kind == "f":
                 # (a size the GPU API would refuse: the Python path raises its error; one past 2^50
@@ -388,6 +410,7 @@ class OpCore(KernelMessages):
             if kind == "c":
                 waits = nwait = 0
                 owed = False
+                computes = True
                 if slow:  # Shard.launch's duration as launched, and what it costs (no jitter here)
                     ns = faults.launch_ns(rank, b)
                     rows.append((k.I_C, ns, ns - b, c))
@@ -404,10 +427,11 @@ class OpCore(KernelMessages):
                     eligible = False
                 tp_calls += 1
                 gid = a[0].gid
-                if self._python_group(a[1].ranks):
-                    eligible = False
-                plan = self._plan(a)
-                if plan < 0 or (c and pending):
+                known = calls.get(id(a))
+                if known is None:
+                    known = calls[id(a)] = (self._plan(a), self._python_group(a[1].ranks))
+                plan, python = known
+                if python or plan < 0 or (c and pending):
                     eligible = False
                 pending = pending or bool(c)
                 owed = owed or not c
@@ -419,7 +443,7 @@ class OpCore(KernelMessages):
                 pending = False
                 owed = True
                 rows.append((k.I_W, 0, 0, 0.0))
-        if pending:
+        if pending or not computes:
             eligible = False
         if not eligible:
             return -1, tp_calls > 0
@@ -429,13 +453,13 @@ class OpCore(KernelMessages):
         b = self.template_of.get(key)
         if b is not None:
             return b, extra
-        start = self.n_ti
-        self.ti = _grown(self.ti, start + len(rows))
-        self.tf = _grown(self.tf, start + len(rows))
-        for i, (code, value, flag, flops) in enumerate(rows):
-            self.ti[start + i] = (code, value, flag)
-            self.tf[start + i] = flops
-        self.n_ti += len(rows)
+        start, n = self.n_ti, len(rows)
+        ti, tf, tp = self.ti, self.tf, self.tp
+        self.ti = _grown(ti, start + n)
+        self.tf = _grown(tf, start + n)
+        self.ti[start : start + n] = [row[:3] for row in rows]
+        self.tf[start : start + n] = [row[3] for row in rows]
+        self.n_ti += n
         b = self.n_tp
         pl = self.pl  # the lookahead's figures, once per template (lookahead.block_bound)
         steps = [("c", v) if code == k.I_C else ("m", pl.item(v, k.P_DUR), pl.item(v, k.P_ARRIVALS), f)
@@ -449,7 +473,8 @@ class OpCore(KernelMessages):
         self.tp[b] = (start, len(rows))
         self.n_tp = b + 1
         self.template_of[key] = b
-        self._pack_if_grown()
+        if self.ti is not ti or self.tf is not tf or self.tp is not tp:
+            self._pack_if_grown()
         return b, extra
 
     def _python_group(self, ranks: tuple) -> bool:
@@ -531,6 +556,8 @@ class OpCore(KernelMessages):
         if extra and rank in self.python_ranks:
             return False
         if extra:
+            if rank not in self.core_ranks:  # its tensor stream where Python makes it, for reports (diagnose.py)
+                gpu.stream("compute"), gpu.stream("tp")
             self.core_ranks.add(rank)
             gid, calls = extra
             gpu.coll_seq[gid] = gpu.coll_seq.get(gid, 0) + calls
@@ -553,8 +580,9 @@ class OpCore(KernelMessages):
         _, b, _, figures, mem_rows, plan = known
         gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
-        proxy = Op(BLOCK, None, *figures)
+        proxy = BlockProxy(BLOCK, None, *figures)
         proxy.mem = None
+        proxy.known, proxy.suffix = known, self.suffix  # (its ops' names, for a deadlock report: diagnose.py)
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends
@@ -779,6 +807,7 @@ class OpCore(KernelMessages):
 
 
 
+@functools.lru_cache(maxsize=1 << 12)  # (the ranks of a stage make blocks of the same rows: one plan for them)
 def _memory_plan(mem_rows: tuple | None) -> tuple | None:
     """What a block's alloc and free rows ``(row, slot, alloc?, bytes, name)`` leave when it ends,
     for OpCore.begin: ``(each slot's last alloc (slot, name, bytes), the slots whose last alloc

@@ -88,6 +88,14 @@ class Op:
         return f"<Handle {self.describe()}>"
 
 
+class BlockProxy(Op):
+    """A compiled block's proxy (opcore.OpCore._proxy): an Op of kind BLOCK that also keeps the
+    block's entry (OpCore.known) and the suffix its compute ops' names take (launch_prepared's), so
+    that a deadlock report can name the block's ops as the Python op engine names them (diagnose.py)."""
+
+    __slots__ = ("known", "suffix")
+
+
 # What a launch returns: the operation itself, whose ``wait()`` orders later work after it (one
 # object per launch instead of two: launches are the hot path of every program).
 Handle = Op

@@ -6,16 +6,35 @@ print(EngineSettings.from_run_config(load_config('configs/runs/megatron-22b-8gpu
 
 The run config (emulator/config/schema.py) describes a whole run: cluster, model, training,
 faults, engine knobs. The engine (Shard, the GPU handle, folding, placement) reads none of it; the
-backends build these settings with :meth:`EngineSettings.from_run_config` - the in-process
-backend once, each Ray shard actor from the config it receives, the same way - and pass them in.
-A program still receives the run config itself as ``gpu.config``: the engine carries it to the
-program without reading it.
+backends build these settings with :meth:`EngineSettings.from_run_config` once, in the driver,
+and pass them in: the in-process backend to its shards, the Ray backend to every shard actor with
+the run (so that what the driver's process chose - the ``EMULATOR_TAPE`` mode, :func:`tape_mode` -
+is what every shard runs, also on a cluster started elsewhere, ``--address``). A program still
+receives the run config itself as ``gpu.config``: the engine carries it to the program without
+reading it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
+
+from emulator.errors import ConfigError
+
+# how the built-in program's plain pipeline steps run (emulator/engine/tape.py): from tapes with
+# their sends and receives in the op kernels, their sends only, their messages in Python ("1": the
+# same), or no tapes (the program launches every step itself); the results are the same
+TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps")
+
+
+def tape_mode() -> str:
+    """The ``EMULATOR_TAPE`` of this process (``steps`` when unset), read in the driver into
+    :attr:`EngineSettings.tape`; another value is a ConfigError (a typo would measure another mode)."""
+    mode = os.environ.get("EMULATOR_TAPE", "steps")
+    if mode not in TAPE_MODES:
+        raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(TAPE_MODES)}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -47,10 +66,11 @@ class EngineSettings:
     # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
     # keep a job's stages whole; empty without jobs
     jobs: tuple[tuple[tuple[int, ...], int], ...] = ()
+    tape: str = "steps"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
 
     @classmethod
     def from_run_config(cls, config) -> EngineSettings:
-        """The settings of a validated RunConfig."""
+        """The settings of a validated RunConfig, and of this process's environment (:func:`tape_mode`)."""
         engine, parallel = config.engine, config.parallel
         model_run = config.model is not None
         return cls(
@@ -71,6 +91,7 @@ class EngineSettings:
             data=_stage_replicas(parallel) if model_run else 1,
             pipeline=max(1, parallel.pipeline) if model_run else 1,
             jobs=tuple((tuple(job.ranks), _ranks_per_stage(job.run, len(job.ranks))) for job in config.jobs or ()),
+            tape=tape_mode(),
         )
 
 

@@ -135,15 +135,15 @@ class Shard(PointToPoint, CollectiveExecution):
         self._compile_messages()  # point-to-point messages through the compiled core (p2p.py)
         # the built-in program's plain pipeline steps run from tapes (tape.py) where the kernels
         # take its blocks; rank -> its tape while one runs
-        self.tapes_on = self.ops_core is not None and tape_enabled()
+        self.tapes_on = self.ops_core is not None and tape_enabled(settings.tape)
         self.tapes: dict[int, Tape] = {}
         # a tape's pipeline sends to ranks of this shard run in the kernels (OpCore.launch_send); one
         # to another shard stays a Python op, which the lookahead reads (lookahead.py: cross_queued)
-        self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends()
+        self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends(settings.tape)
         # and its receives, on one shard (OpCore.launch_recv)
-        self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives()
+        self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives(settings.tape)
         # and a step's block, send and next receive in one kernel call (OpCore.launch_step)
-        self.fused_steps = self.kernel_sends and tape_fused_steps()
+        self.fused_steps = self.kernel_sends and tape_fused_steps(settings.tape)
         if self.kernel_sends:
             self.ops_core.enable_sends()
         if self.ops_core is not None and self.dedicated:

@@ -47,63 +47,54 @@ still a Python op, started by a kernel call of its own where it becomes its stre
 ``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
 each, ``steps`` (the default) as ``kernel`` with a step's calls fused:
 tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit.
-Each shard reads its own process's environment: Ray actors see the driver's only where the driver started the Ray
-instance (not with ``--address``: set it where the cluster starts; tests/actors/test_tape_ray.py
-compares with ``engine.op_engine=python``, which takes no tapes, instead).
+The driver reads it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every
+shard runs that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
 """
 
 from __future__ import annotations
 
-import os
-
 from emulator.engine.opkernels import ST_SUSPEND
 from emulator.engine.opmessages import ST_SENT, ST_STEPPED
 from emulator.engine.ops import Op
-from emulator.errors import ConfigError
+from emulator.engine.settings import TAPE_MODES
+from emulator.engine.settings import tape_mode as _mode
 
-MODES = ("kernel", "sends", "python", "1", "0", "steps")  # ("1": tapes on, in Python, as "python")
-
-
-def _mode() -> str:
-    mode = os.environ.get("EMULATOR_TAPE", "steps")
-    if mode not in MODES:  # (a typo would otherwise measure another mode than the one meant)
-        raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+MODES = TAPE_MODES  # ("1": tapes on, in Python, as "python")
 
 
-def enabled() -> bool:
-    """Whether shards run tapes (read once per shard)."""
-    return _mode() != "0"
+def enabled(mode: str | None = None) -> bool:
+    """Whether shards run tapes in ``mode`` (EngineSettings.tape; None: this process's EMULATOR_TAPE)."""
+    return (mode or _mode()) != "0"
 
 
-def kernel_sends() -> bool:
+def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
-    its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``). Read once
-    per shard."""
-    return _mode() in ("sends", "kernel", "steps")
+    its receives (``kernel``, or ``steps``, the default); a tape in Python with ``python`` (or ``1``)."""
+    return (mode or _mode()) in ("sends", "kernel", "steps")
 
 
-def kernel_receives() -> bool:
+def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
     ``steps``, the default; one shard only: Shard.kernel_receives)."""
-    return _mode() in ("kernel", "steps")
+    return (mode or _mode()) in ("kernel", "steps")
 
 
-def fused_steps() -> bool:
+def fused_steps(mode: str | None = None) -> bool:
     """Whether a step's block, its send and the next step's receive are launched in one kernel call
     (``EMULATOR_TAPE=steps``, the default; OpCore.launch_step) rather than one call each (``kernel``)."""
-    return _mode() == "steps"
+    return (mode or _mode()) == "steps"
 
 
 class Tape:
     """A run of a rank's pipeline steps and how far the engine has launched them.
 
-    ``steps``: ``(recv, known, alloc_key, alloc_name, free_key, send)`` each, where ``recv`` and
+    ``steps``: ``(recv, known, alloc_key, alloc_name, free_key, send, suffix)`` each, where ``recv`` and
     ``send`` are ``(api.GPU.prepare_p2p's message, stream)`` or None, ``known`` the block's entry
     (OpCore.known, eligible), ``alloc_key`` / ``alloc_name`` where the block's alloc row's
     allocation goes in ``held`` and the name it takes (slot 0, as training.forward passes it), and
     ``free_key`` the key in ``held`` of the allocation its free row frees (slot 1, as
-    training.backward passes it); ``held`` is the program's map of live allocations."""
+    training.backward passes it), ``suffix`` its compute ops' names' (launch_prepared's: a
+    deadlock report names them); ``held`` is the program's map of live allocations."""
 
     __slots__ = ("shard", "gpu", "core", "steps", "held", "i", "phase", "op", "memory")
 
@@ -130,7 +121,7 @@ class Tape:
         kernel_receives = shard.kernel_receives
         fused = shard.fused_steps
         while i < n:
-            recv, known, alloc_key, alloc_name, free_key, send = steps[i]
+            recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
@@ -153,6 +144,7 @@ class Tape:
                 memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
                 claimed = core.claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
+                core.suffix = suffix
                 core.begin_step(gpu, known, memory, after)
                 if gpu._susp:
                     self.i, self.phase = i, phase

@@ -112,8 +112,9 @@ class ParallelLayout:
         return tuple(self._expert_rank(stage, etp, ep, k, expert, expert_tensor) for k in range(replicas))
 
     def pipeline_group(self, rank: int) -> tuple[int, ...]:
-        c = self.coords(rank)
-        return tuple(self.rank(c.tp, c.dp, p, c.cp) for p in range(self.pipeline))
+        # rank(tp, dp, p, cp) for p in range(pipeline): the rank's place in its stage, a stage apart
+        size = self.stage_size
+        return tuple(range(rank % size, self.world_size, size))
 
     def embedding_group(self, rank: int) -> tuple[int, ...]:
         """First and last stage of this rank's pipeline: they share the tied embedding."""

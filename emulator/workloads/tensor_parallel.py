@@ -158,7 +158,7 @@ def launch_prepared(gpu, block: list[tuple], suffix: str = "", memory: list | No
     recomputed activations, a microbatch's activations): ``("a", slot, bytes, name)`` is
     ``memory[slot] = gpu.alloc(bytes, name)`` (``name`` None: the slot holds it), and
     ``("f", slot, bytes, None)`` is ``gpu.free(memory[slot])`` (``bytes`` its size)."""
-    if gpu.launch_block(block, memory):
+    if gpu.launch_block(block, memory, suffix):
         return
     pending = None
     for kind, a, b, c in block:

@@ -47,6 +47,15 @@ from emulator.workloads.segments import layer_shape, model_segments
 from emulator.workloads.tensor_parallel import launch_prepared, prepare_segments, repeat_prepared
 
 
+class _Stage:
+    """What every rank of one pipeline stage (on one GPU type) computes alike: training_program's
+    ``stage_facts``."""
+
+    __slots__ = ("chunk_layers", "stage_params", "expert_params", "optimizer_segments", "grad_buckets",
+                 "gather_buckets", "static", "root_params", "root_weight_bytes", "copy_in", "root_copy_in",
+                 "actions")  # fmt: skip
+
+
 def training_program(config):
     """Build the per-rank program for a config with a ``model`` (called once per shard)."""
     layout = layout_of(config)
@@ -73,10 +82,64 @@ def training_program(config):
     full_layer = rebuilt_layer_bytes(config)
     grad_bytes = dpar.config_grad_bytes(config)
     segments_by_gpu: dict[tuple[str, float], object] = {}
+    overlapped_gather = dpar.gathers_after_step(p.zero_stage) and replicas > 1 and p.overlap_param_gather
+    # the last microbatch's backward reduces its experts' gradients layer by layer
+    expert_buckets = experts and dpar.expert_replicas(config) > 1 and bool(expert_grad_bytes)
+    by_stage: dict[tuple[int, str], _Stage] = {}  # (stage, GPU type) -> what its ranks compute alike
+    # a plain step's block (program.step_parts) as the first rank of a tensor group joined it, by
+    # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
+    # hand the engine that block, whose entry (OpCore.known) it has made once
+    shared_blocks: dict[tuple, list | None] = {}
+
+    def stage_facts(stage: int, gpu) -> _Stage:
+        """What every rank of ``stage`` on a GPU of ``gpu``'s type computes alike (its layers,
+        parameters, buckets, allocations, its schedule's actions), computed once per shard: the
+        straggler variant runs 3072 rank programs of 64 stages."""
+        facts = by_stage.get((stage, gpu.gpu_type))
+        if facts is not None:
+            return facts
+        facts = by_stage[(stage, gpu.gpu_type)] = _Stage()
+        chunks = p.virtual_stages
+        facts.chunk_layers = chunk_layers = [pipe.layers_of_chunk(config, stage, c) for c in range(chunks)]
+        facts.stage_params = stage_params = params_on_rank(config, stage)
+        facts.expert_params = expert_params_on_rank(config, stage)
+        facts.optimizer_segments = dpar.optimizer_step_segments(stepped_params(config, stage), gpu.spec,
+                                                                 t.precision)  # fmt: skip
+        # the gradient buckets of one chunk's backward: after which layers, and the rest at its end
+        facts.grad_buckets = [dpar.gradient_buckets(n, layer_grad_bytes, bucket_bytes) for n in chunk_layers]
+        # ZeRO 1-2 with overlap_param_gather: each chunk's weight gathers, in forward order
+        extra_params = stage_params - sum(chunk_layers) * layer_params  # the embedding / output layer
+        layer_weight_bytes_dense = lc.dense_params_per_rank(shape) * dpar.weight_bytes_per_param(t.precision)
+        facts.gather_buckets = [
+            dpar.param_gather_buckets(chunk_layers[c], layer_weight_bytes_dense, bucket_bytes,
+                                      extra_params * dpar.weight_bytes_per_param(t.precision) if c == 0 else 0)
+            for c in range(chunks)
+        ] if overlapped_gather else []  # fmt: skip
+        facts.static = static_bytes(config, stage)
+        # FSDP2's root unit (the embedding, output layer, final norm of this stage) and its copy-ins
+        facts.root_params = root_params = zero3_root_params(config, stage)
+        facts.root_weight_bytes = root_params * dpar.weight_bytes_per_param(t.precision)
+        facts.copy_in = dpar.zero3_copy_in_segments(lc.dense_params_per_rank(shape), gpu.spec, t.precision,
+                                                    grad_bytes) if zero3 else []  # fmt: skip
+        facts.root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
+                              if root_params else [])
+        # the schedule's actions, each with whether it can be a tape's step whatever the rank (the
+        # static half of the program's tape_step conditions), its activations' key and name and its ops' name suffix
+        last_stage = p.pipeline - 1
+        actions = []
+        buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
+        for is_forward, mb, chunk in schedule(stage, p.pipeline, micro, chunks):
+            plain = not ((stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1)
+                         or (not is_forward and mb == micro - 1 and buckets[chunk]))  # fmt: skip
+            name = f"stage{stage}.activations.mb{mb}.chunk{chunk}" if is_forward and plain else None
+            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, f" mb{mb}"))
+        facts.actions = actions
+        return facts
 
     def program(gpu) -> None:
         rank = gpu.rank
         stage = layout.stage_of(rank)
+        facts = stage_facts(stage, gpu)
         chunks = p.virtual_stages
         load = loads[layout.expert_coords(rank, p.expert, expert_tensor)[1]] if experts else 1.0
         segs = segments_by_gpu.get((gpu.gpu_type, load))
@@ -99,36 +162,24 @@ def training_program(config):
             shard_group = gpu.new_group(layout.shard_group(rank, shard))
             replica_group = gpu.new_group(layout.replica_group(rank, shard)) if shard < replicas else None
         pp_ranks = layout.pipeline_group(rank)
-        chunk_layers = [pipe.layers_of_chunk(config, stage, c) for c in range(chunks)]
+        # what this rank's blocks launch collectives in (shared_blocks)
+        group_ids = (tp_group.gid if tp_group is not None else 0, tuple((name, g.gid) for name, g in groups.items()))
+        chunk_layers = facts.chunk_layers
         last_stage = p.pipeline - 1
-        stage_params = params_on_rank(config, stage)
-        expert_params = expert_params_on_rank(config, stage)
-        optimizer_segments = dpar.optimizer_step_segments(stepped_params(config, stage), gpu.spec, t.precision)
-        # the gradient buckets of one chunk's backward: after which layers, and the rest at its end
-        grad_buckets = [dpar.gradient_buckets(n, layer_grad_bytes, bucket_bytes) for n in chunk_layers]
-        # ZeRO 1-2 with overlap_param_gather: each chunk's weight gathers, in forward order
-        overlapped_gather = dpar.gathers_after_step(p.zero_stage) and grad_group is not None and p.overlap_param_gather
-        extra_params = stage_params - sum(chunk_layers) * layer_params  # the embedding / output layer
-        layer_weight_bytes_dense = lc.dense_params_per_rank(shape) * dpar.weight_bytes_per_param(t.precision)
-        gather_buckets = [
-            dpar.param_gather_buckets(chunk_layers[c], layer_weight_bytes_dense, bucket_bytes,
-                                      extra_params * dpar.weight_bytes_per_param(t.precision) if c == 0 else 0)
-            for c in range(chunks)
-        ] if overlapped_gather else []  # fmt: skip
+        stage_params = facts.stage_params
+        expert_params = facts.expert_params
+        optimizer_segments = facts.optimizer_segments
+        grad_buckets = facts.grad_buckets
+        gather_buckets = facts.gather_buckets
 
-        weights, grads, optimizer = static_bytes(config, stage)
+        weights, grads, optimizer = facts.static
         gpu.alloc(weights, f"stage{stage}.weights")
         gpu.alloc(grads, f"stage{stage}.gradients")
         gpu.alloc(optimizer, f"stage{stage}.optimizer_states")
         if zero3:
             gpu.alloc(zero3_buffer_bytes(config), f"stage{stage}.zero3_unit_buffers")
-        # FSDP2's root unit (the embedding, output layer, final norm of this stage) and its copy-ins
-        root_params = zero3_root_params(config, stage)
-        root_weight_bytes = root_params * dpar.weight_bytes_per_param(t.precision)
-        copy_in = dpar.zero3_copy_in_segments(lc.dense_params_per_rank(shape), gpu.spec, t.precision,
-                                              grad_bytes) if zero3 else []  # fmt: skip
-        root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
-                        if root_params else [])
+        root_params, root_weight_bytes = facts.root_params, facts.root_weight_bytes
+        copy_in, root_copy_in = facts.copy_in, facts.root_copy_in
         root: dict[str, object] = {}  # the root unit's gathered weights, then its gradients, while needed
         # eager: the loss's tensors are freed by torch once its backward has run; the fused path keeps
         # Megatron's fp32 logits to the end of the microbatch (the accounting Korthikanti's rows check)
@@ -321,21 +372,33 @@ def training_program(config):
         # plain steps (a receive, one block the compiled engine takes, a send) run from a tape
         # (emulator/engine/tape.py): the same launches as forward / backward make for them
         tapes = gpu.takes_tapes() and not (zero3 or root_params)
-        tape_parts: dict[tuple, tuple | None] = {}  # (forward?, chunk) -> (receive, block, send), or None
+        # per chunk: (receive, block, send) of its plain forward / backward steps, None, or False: not built yet
+        forward_parts: list = [False] * chunks
+        backward_parts: list = [False] * chunks
 
         def step_parts(is_forward: bool, chunk: int) -> tuple | None:
             """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
             backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
+            # the step's block as the first rank of this rank's groups (of its stage, GPU type and
+            # segments) joined it: the same rows, hence the compiled engine's template (the members'
+            # calls share their plans, opcore.OpCore._plan; a slow rank's entry is its own)
+            share = (is_forward, chunk, stage, gpu.gpu_type, id(segs), group_ids)
+            block = shared_blocks.get(share, False)
+            if block is False:
+                if is_forward:
+                    size = act_layer * chunk_layers[chunk]
+                    block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
+                else:
+                    around = ()
+                    if full_layer:
+                        around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"),
+                                  ("f", 0, full_layer, None))  # fmt: skip
+                    after = (("f", 1, act_layer * chunk_layers[chunk], None),)
+                    block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
+                shared_blocks[share] = block
             if is_forward:
-                size = act_layer * chunk_layers[chunk]
-                block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
                 src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
             else:
-                around = ()
-                if full_layer:
-                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
-                after = (("f", 1, act_layer * chunk_layers[chunk], None),)
-                block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
                 src = pipe.receive_source(stage, False, p.pipeline)
                 tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
             known = None if block is None else gpu.tape_block(block)
@@ -346,27 +409,25 @@ def training_program(config):
                     else prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
             return prepared_message("recv", pp_ranks[src], tag, recv_stream), known, send
 
-        def tape_step(is_forward: bool, mb: int, chunk: int):
-            """The step forward(mb, chunk) or backward(mb, chunk) launches when it is plain (see
-            tape.py; the conditions are theirs), else None."""
-            if (stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1):
-                return None  # the embedding, or the logits
-            if is_forward:
-                if gathers.get(chunk):
-                    return None
-            elif mb == micro - 1 and ((grad_group is not None and (grad_buckets[chunk][0] or grad_buckets[chunk][1]))
-                                      or (edp_group is not None and expert_grad_bytes)):  # fmt: skip
-                return None  # gradient buckets after its layers
-            parts = tape_parts.get((is_forward, chunk), False)
+        def tape_step(action: tuple):
+            """The step forward(mb, chunk) or backward(mb, chunk) of ``action`` (stage_facts: its
+            schedule's) launches when it is plain (see tape.py; the conditions are theirs: the
+            static ones, no embedding or logits and no gradient buckets, are the action's), else
+            None."""
+            is_forward, mb, chunk, plain, key, name, suffix = action
+            if not plain or (is_forward and gathers and gathers.get(chunk)):
+                return None
+            parts = (forward_parts if is_forward else backward_parts)[chunk]
             if parts is False:
-                parts = tape_parts[(is_forward, chunk)] = step_parts(is_forward, chunk)
+                parts = (forward_parts if is_forward else backward_parts)[chunk] = step_parts(is_forward, chunk)
             if parts is None:
                 return None
             recv, known, send = parts
             if is_forward:
-                gathers.pop(chunk, None)
-                return recv, known, (mb, chunk), f"stage{stage}.activations.mb{mb}.chunk{chunk}", None, send
-            return recv, known, None, None, (mb, chunk), send
+                if gathers:
+                    gathers.pop(chunk, None)
+                return recv, known, key, name, None, send, suffix
+            return recv, known, None, None, key, send, suffix
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
@@ -382,14 +443,14 @@ def training_program(config):
             if replica_group is not None:
                 pending.append(gpu.all_reduce(size // shard, replica_group, async_op=True, stream="dp"))
 
-        actions = schedule(stage, p.pipeline, micro, chunks)
+        actions = facts.actions
         for _ in range(t.iterations):
             for c, buckets in enumerate(gather_buckets):
                 gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
                               for layer, size in buckets]  # fmt: skip
             tape: list = []  # plain steps not launched yet (tape_step)
-            for is_forward, mb, chunk in actions:
-                step = tape_step(is_forward, mb, chunk) if tapes else None
+            for action in actions:
+                step = tape_step(action) if tapes else None
                 if step is not None:
                     tape.append(step)
                     if len(tape) == 16:  # (a tape holds its steps until it ends: a few at a time)
@@ -399,10 +460,10 @@ def training_program(config):
                 if tape:
                     gpu.run_tape(tape, activations)
                     tape = []
-                if is_forward:
-                    forward(mb, chunk)
+                if action[0]:
+                    forward(action[1], action[2])
                 else:
-                    backward(mb, chunk)
+                    backward(action[1], action[2])
             if tape:
                 gpu.run_tape(tape, activations)
             for size, group in late_buckets:

@@ -168,3 +168,25 @@ def test_a_command_of_this_file_parses_alike_without_the_studies_imported():
             "print(sorted(m for m in sys.modules if m.startswith(('emulator.studies', 'emulator.capture'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_quiet_run_without_metrics_port_builds_no_monitor(tmp_path):
+    """``--quiet`` without ``--metrics-port``: nothing would read live figures, so no monitor (nor
+    its work plan, nor the monitoring package in a fresh process); the run's files are written."""
+    from emulator.cli import _start_monitor, build_parser
+    from emulator.config.loader import load_run
+    from netmodel.topology import Topology
+
+    path = str(CONFIGS / "examples" / "ping-pong.yaml")
+    config = load_run(path)
+    topo = Topology(config.cluster)
+    quiet = build_parser("run").parse_args(["run", path, "--quiet"])
+    assert _start_monitor(quiet, config, tmp_path, topo) is None
+    shown = _start_monitor(build_parser("run").parse_args(["run", path]), config, tmp_path, topo)
+    assert shown is not None and shown.active
+    shown.close()
+    code = ("import sys; from emulator.cli import main; code = main(sys.argv[1:]); "
+            "assert code == 0 and not any(m.startswith('emulator.monitoring') for m in sys.modules), code")
+    subprocess.run([sys.executable, "-c", code, "run", path, "--quiet", "--out", str(tmp_path / "run")],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    assert (tmp_path / "run" / "trace.json").is_file()

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from emulator.config import limits as lim
 from emulator.config.loader import load_run
 from emulator.engine import opkernels as k
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE
@@ -62,13 +63,39 @@ def test_packed_keys_order_as_rank_then_seq_up_to_their_bounds():
 
 
 def test_a_world_past_the_keys_rank_bound_is_refused():
-    """OpCore holds ranks below 2^RANK_BITS in its keys and says so (an invariant: no configuration
-    reaches 8,388,608 GPUs in one run today); one GPU less is taken."""
+    """OpCore holds ranks below 2^RANK_BITS in its keys and says so (an invariant: no valid
+    configuration reaches 8,388,608 GPUs, the next test); one GPU less is taken."""
     shard = _shard(world_size=1 << k.RANK_BITS)
     OpCore(shard)
     shard.topo.world_size += 1
     with pytest.raises(AssertionError, match="more GPUs than its keys hold"):
         OpCore(shard)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # 2^23 + 1024 GPUs in one node group (MAX_NODES x MAX_GPUS_PER_NODE alone would allow 2^30)
+        ["cluster.nodes=8193", "cluster.gpus_per_node=1024"],
+        # the same over two node groups (the world size is their sum)
+        ["cluster=hetero-a100-h100", "cluster.node_groups.0.nodes=4097", "cluster.node_groups.0.gpus_per_node=1024",
+         "cluster.node_groups.1.nodes=4096", "cluster.node_groups.1.gpus_per_node=1024"],
+    ],
+)
+def test_no_valid_config_reaches_the_keys_rank_bound(overrides):
+    """The packed keys' bound is an invariant, not a user error: the cluster's world size is bounded
+    by MAX_WORLD_SIZE (2^20) well below 2^RANK_BITS (2^23), although its nodes (MAX_NODES) times GPUs
+    per node (MAX_GPUS_PER_NODE) are not; a cluster past 2^23 GPUs is refused when the run file is
+    loaded - one line naming ``cluster``, exit code 2 - before any engine is built."""
+    assert lim.MAX_WORLD_SIZE < 1 << k.RANK_BITS < lim.MAX_NODES * lim.MAX_GPUS_PER_NODE
+    with pytest.raises(ConfigError) as info:
+        load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml", overrides)
+    message = str(info.value)
+    assert message.startswith("cluster") and f"the emulator's limit is {lim.MAX_WORLD_SIZE}" in message, message
+    assert "\n" not in message and info.value.exit_code == 2
+    # the limit itself is a valid world
+    load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml", ["cluster.nodes=1024", "cluster.gpus_per_node=1024",
+                                                            "training.global_batch_size=131072"])  # fmt: skip
 
 
 # -- waits and dependents of a block op ----------------------------------------------------------------
@@ -314,7 +341,12 @@ def test_fuzzed_pipeline_messages_match(seed, tmp_path, monkeypatch):
 
 def _mismatch(engine: str, overrides: list[str], shards: int, rank: int, nth: int, monkeypatch) -> tuple:
     """The error (message, event key) of a run in which ``rank``'s ``nth`` receive expects one byte
-    more than it gets (tests/emulator/engine/test_netcore_p2p.py's, on other shapes and shards)."""
+    more than it gets (tests/emulator/engine/test_netcore_p2p.py's, on other shapes and shards).
+
+    The hook is PointToPoint._start_recv, which a tape's receive in the kernels (EMULATOR_TAPE=kernel,
+    the default on one shard) does not pass: the runs pin ``sends`` so that every receive takes it
+    (test_tape_review.py holds the kernels' receive mismatches equal in every mode)."""
+    monkeypatch.setenv("EMULATOR_TAPE", "sends")
     start_recv = PointToPoint._start_recv
     seen = []
 

@@ -97,7 +97,7 @@ class _FakeGPU:
     def __init__(self):
         self.calls = []
 
-    def launch_block(self, block, memory=None):
+    def launch_block(self, block, memory=None, suffix=""):
         return False
 
     def launch_compute(self, name, ns, flops):

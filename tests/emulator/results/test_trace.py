@@ -114,3 +114,28 @@ def test_streamed_trace_is_the_document_json_dumps_writes(dp_dir, tmp_path):
     write_trace(path, RunResult(world_size=1, ranks=[], links={}, tier_bytes=[], tier_messages=[], size_hist=[],
                                 events=0, rounds=0, cross_shard_messages=0), topo)  # fmt: skip
     assert json.loads(path.read_text()) == {"traceEvents": [], "otherData": {"traced_ranks": []}}
+
+
+def test_streamed_trace_of_peers_that_differ_in_a_few_names(dp_dir, tmp_path):
+    """A folded group's peers repeat the previous rank's operations but for their sends' and
+    receives' names: the names reused from the previous rank where the operations are equal, looked
+    up where they differ (a few, or most: a rank of its own), give json.dumps's bytes."""
+    from emulator.config.loader import load_run
+    from emulator.engine.result import RunResult
+    from emulator.results.trace import write_trace
+    from netmodel.topology import Topology
+
+    topo = Topology(load_run(dp_dir / "config.yaml").cluster)
+    base = [("compute", f"layer{i % 7} fwd", 0, 100 * i, 100 * i + 60) for i in range(40)]
+    base += [("pp.send.fwd", "send(dst=8)", 1, 4100, 4300), ("compute", "mark_iteration", 6, 4300, 4300)]
+    peer = [(s, n.replace("dst=8", "dst=9"), k, a, b) for s, n, k, a, b in base]  # one name differs
+    own = [(s, f"{n} own", k, a, b) for s, n, k, a, b in base]  # every name differs
+    shorter = base[:-1]
+    traces = {0: base, 1: peer, 2: list(peer), 3: own, 4: shorter, 5: [(s, n, 2, a, b) for s, n, _, a, b in shorter]}
+    result = RunResult(world_size=topo.world_size, ranks=[], links={}, tier_bytes=[], tier_messages=[], size_hist=[],
+                       events=0, rounds=0, cross_shard_messages=0, traces=traces)  # fmt: skip
+    path = tmp_path / "trace.json"
+    write_trace(path, result, topo)
+    assert path.read_text() == json.dumps(trace_document(result, topo), separators=(",", ":")) + "\n"
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] in "Xi" and e.get("cat") != "wait"]
+    assert sum(e["name"] == "send(dst=9)" for e in events) == 2 and sum(e["cat"] == "recv" for e in events) == 41

@@ -85,3 +85,28 @@ def test_uneven_pipeline_on_heterogeneous_cluster():
     summary = execute(load_run(CONFIGS / "runs" / "hetero-uneven-pipeline.yaml"))[0]
     assert set(summary["peak_memory_bytes_by_stage"]) == {"0", "1", "2", "3"}
     assert 0 < summary["mfu"] < 1
+
+
+def test_the_ranks_of_a_stage_share_its_facts(monkeypatch):
+    """training_program's stage_facts: a stage's layers, buckets and schedule are built once per
+    stage (and GPU type), not once per rank: 64 unfolded rank programs, two stages, two schedules
+    (the results are pinned elsewhere: tests/test_shipped_runs.py, the reference runs)."""
+    from emulator.workloads import schedules, training
+
+    walked = []
+    schedule = schedules.one_f_one_b
+
+    def counting(config):
+        def walk(stage, stages, micro, chunks):
+            walked.append(stage)
+            return schedule(stage, stages, micro, chunks)
+
+        return walk
+
+    monkeypatch.setattr(training, "schedule_for", counting)
+    overrides = ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4",
+                 "training.global_batch_size=16", "model.num_layers=4", "engine.fold_tensor_groups=false"]  # fmt: skip
+    config = load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml", overrides)
+    summary, result, _ = execute(config)
+    assert sorted(walked) == [0, 1]
+    assert len(result.ranks) == 64 and summary["events"] > 0
