@@ -163,6 +163,8 @@ ST_SDRAIN = 8
 # a receive met a message of another size when it started (G_RET_RI, G_RET_OP, G_RET_T; G_RET_TSTART
 # the message's bytes): Python raises the receive's error (p2p.PointToPoint._check_recv)
 ST_RMISMATCH = 9
+# launch_step launched a tape step's block, its send and the next step's receive (not a stop of run())
+ST_STEPPED = 10
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -1188,11 +1190,10 @@ def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
 
 
 @njit(cache=True)
-def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+def _launch_recv(P, ri, d, size, dep, now):
     """Shard.launch of a tape's pipeline receive (descriptor ``d``) on its stream slot, after the
     compute stream's last op when ``dep`` (a block, not done: its last op); the block launched next
-    waits for it (R_RPEND). Status ST_LIMIT, or ST_RMISMATCH."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    waits for it (R_RPEND). Returns ST_LIMIT, or ST_RMISMATCH (only where it starts: not ``dep``)."""
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
@@ -1216,7 +1217,15 @@ def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
     status = ST_LIMIT
     if rs[ri, base + SS_HEAD] == op:
         status = _try_r(P, ri, base, now)
-    g[G_STATUS] = status
+    return status
+
+
+@njit(cache=True)
+def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """:func:`_launch_recv` alone (OpCore.launch_recv). Status ST_LIMIT, or ST_RMISMATCH."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    g = _i1(P, A_G)
+    g[G_STATUS] = _launch_recv(P, ri, d, size, dep, now)
     _note_room(P)
 
 
@@ -1238,11 +1247,10 @@ def complete_recv(ib, gb, fb, tf, free, net, op, t):
 
 
 @njit(cache=True)
-def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+def _launch_send(P, ri, d, size, dep, now):
     """Shard.launch of a pipeline send (descriptor ``d``, ``size`` bytes) on its stream slot, after
     the compute stream's last op when ``dep`` (the block just launched, not done: its last op);
     it starts when it is the stream's head and waits for nothing (p2p.PointToPoint._start_send)."""
-    P = _packed(ib, gb, fb, tf, free, net)
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
@@ -1264,5 +1272,39 @@ def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
     rs[ri, R_OUT] += 1
     if rs[ri, base + SS_HEAD] == op:
         _try_s(P, ri, base, now)
+
+
+@njit(cache=True)
+def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+    """:func:`_launch_send` alone (a send after a step the kernels did not launch, OpCore.launch_send)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    _launch_send(P, ri, d, size, dep, now)
+    g = _i1(P, A_G)
     g[G_STATUS] = ST_LIMIT
+    _note_room(P)
+
+
+@njit(cache=True)
+def launch_step(ib, gb, fb, tf, free, net, ri, now, d, size, dep, rd, rsize):
+    """A tape step's block launched to its end, then its send (descriptor ``d`` >= 0) and the next
+    step's receive (``rd`` >= 0), in one call (tape.py's phases 2, 3 and the next step's 0;
+    OpCore.launch_step): :func:`launch_rest`; where it returns ST_LAUNCHED (no instant op stopped
+    it, the program need not suspend first: no Python runs between these launches)
+    :func:`_launch_send` (after the block: ``dep``), and unless the program must suspend after it
+    (Shard.launch's check) :func:`_launch_recv`, after the block too (it cannot start before the
+    block's end: no mismatch here), status ST_STEPPED; else launch_rest's status (ST_LAUNCHED:
+    the send was launched, not the receive)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    _begin_pending(P, ri)
+    _launch_rest(P, ri, now)
+    g = _i1(P, A_G)
+    if g[G_STATUS] == ST_LAUNCHED:
+        if d >= 0:
+            _launch_send(P, ri, d, size, dep, now)
+        if rd >= 0:
+            rs = _i2(P, A_RS, R_FIELDS)
+            # (the tape returns after a send where the program is, or must be, suspended)
+            if d < 0 or (rs[ri, R_OUT] < g[G_MAXAHEAD] and not rs[ri, R_SUSP]):
+                _launch_recv(P, ri, rd, rsize, 1, now)
+                g[G_STATUS] = ST_STEPPED
     _note_room(P)

@@ -17,12 +17,19 @@ from __future__ import annotations
 import numpy as np
 
 from emulator.engine import opkernels as k
+from emulator.engine.events import INF
 from emulator.engine.ops import BLOCK, RECV, SEND, Op
 from emulator.engine.vgpu import VirtualGPU
 
 # the op kind of a kernel send stream's stand-in on the shard's stream (OpCore.launch_send): not one
 # of ops.py's kinds, never started, completed or counted by the Python rules
 KSENDS = 100
+# OpCore.launch_step's statuses (not the kernels'): the step's send launched with its block, and the
+# next step's receive too
+ST_SENT, ST_STEPPED = 100, 101
+
+_G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
+_ST_LAUNCHED, _ST_SUSPEND, _ST_STEPPED = k.ST_LAUNCHED, k.ST_SUSPEND, k.ST_STEPPED
 
 
 def _grown(a: np.ndarray, rows: int) -> np.ndarray:
@@ -47,25 +54,12 @@ class KernelMessages:
         Python rules, not counted) while the kernels hold sends of it: a Python launch on that stream
         or one that waits for every stream seals it (:meth:`seal`), and the ops behind it go on when
         its last send completes (:meth:`send_drained`), as behind that send."""
-        stream = _kernel_stream(gpu, name)
-        if stream is None:
+        d, stream = self._send_slot(gpu, message, name)
+        if d < 0:
             return False
-        ops = stream.ops
-        if gpu.pending_waits and name in gpu.pending_waits:
-            return False
-        # (the program prepares each message once: its descriptor by the tuple's identity)
-        known = self.send_desc.get(id(message))
-        if known is not None and known[0] is message and known[2] is gpu:
-            d = known[1]
-        else:
-            _, _, dst, _, tag = message
-            if self.shard.rank_shard[dst] != self.shard.index:
-                return False  # (its Python op bounds this shard's output: lookahead.py)
-            d = self._descriptor(gpu, name, dst, tag)
-            if d < 0:
-                return False
-            self.send_desc[id(message)] = (message, d, gpu)
-        if not ops:
+        fresh = not stream.ops
+        if fresh:
+            self._stand_in_counts(gpu, stream)
             self._stand_in(gpu, stream)
         last = gpu.streams["compute"].last  # (the block just launched, or done)
         shard = self.shard
@@ -75,11 +69,91 @@ class KernelMessages:
             shard._suspend(gpu)
         return True
 
-    def _stand_in(self, gpu: VirtualGPU, stream) -> None:
-        """The stream's messages go to the kernels: its stand-in, the counters from the rank's."""
-        key = (gpu.rank, stream.name)
-        for e in self.slot_descs[key]:
+    def launch_step(self, gpu: VirtualGPU, send: tuple | None, recv: tuple | None) -> int:
+        """OpCore.launch_rest, then, where it launched the block to its end and the program runs on
+        (ST_LAUNCHED: no instant op stopped it), the step's ``send`` (:meth:`launch_send`) and the
+        next step's receive ``recv`` (:meth:`launch_recv`; None: none, or the Python rules take
+        it), each ``(message, stream)``, in the same kernel call (opkernels.launch_step: tape.py's
+        phases 2, 3 and the next step's 0). Nothing of Python's runs between these launches, so
+        their checks, made first, see what they would see after the block; where one fails the
+        call is launch_rest's alone. Returns ST_SUSPEND (as launch_rest), ST_LAUNCHED (the block
+        only: the tape launches the rest), ST_SENT (the block and its send: the program must
+        suspend before the receive, or there is none) or ST_STEPPED (all three)."""
+        d = rd = -1
+        stream = rstream = None
+        if send is not None:
+            d, stream = self._send_slot(gpu, send[0], send[1])
+            if d < 0:  # (the Python rules launch the send, then the receive)
+                return self.launch_rest(gpu)
+        last = gpu.streams["compute"].last  # (the block being launched: its proxy, done only after a suspension)
+        dep = 0 if last is None or last.done else 1
+        # (a receive after a done block may complete at once, with what follows from it: not here)
+        if recv is not None and dep and (stream is None or recv[1] != stream.name):
+            rd, rstream = self._recv_slot(gpu, recv[0], recv[1], last)
+        if d < 0 and rd < 0:
+            return self.launch_rest(gpu)
+        # (the counters only: no kernel message of these streams reads them before these)
+        fresh = stream is not None and not stream.ops
+        if fresh:
+            self._stand_in_counts(gpu, stream)
+        rfresh = rstream is not None and not rstream.ops
+        if rfresh:
+            self._stand_in_counts(gpu, rstream)
+        shard = self.shard
+        k.launch_step(*self.args, gpu._ri, shard.now, d, send[0][3] if d >= 0 else 0,
+                      dep, rd, recv[0][3] if rd >= 0 else 0)  # fmt: skip
+        g = self.gm
+        status = g[_G_STATUS]
+        if status != _ST_LAUNCHED and status != _ST_STEPPED:  # launch_rest's checks after its call
+            if g[_G_ERR] or g[_G_NOVF]:
+                self._overflowed()
+            self.top = self.top_row[0] if g[_G_HEAPN] else INF
+            if status == _ST_SUSPEND:
+                return status
+            self.instant_stop(gpu, status, shard.now)
+            if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+                shard._suspend(gpu)
+            return _ST_LAUNCHED
+        # launch_rest's checks (none acts on ST_LAUNCHED but the error ones), launch_send's and
+        # launch_recv's (Shard.launch's suspension after the send: the kernels did not receive then)
+        if fresh:
+            self._stand_in(gpu, stream)
+        if rfresh and status == _ST_STEPPED:
+            self._stand_in(gpu, rstream)
+        self._after()
+        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+            shard._suspend(gpu)
+        return ST_STEPPED if status == _ST_STEPPED else ST_SENT
+
+    def _send_slot(self, gpu: VirtualGPU, message: tuple, name: str) -> tuple:
+        """launch_send's checks: ``(descriptor, stream)``, or ``(-1, None)`` where the Python rules
+        must take the send."""
+        stream = _kernel_stream(gpu, name)
+        if stream is None:
+            return -1, None
+        if gpu.pending_waits and name in gpu.pending_waits:
+            return -1, None
+        # (the program prepares each message once: its descriptor by the tuple's identity)
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            return known[1], stream
+        _, _, dst, _, tag = message
+        if self.shard.rank_shard[dst] != self.shard.index:
+            return -1, None  # (its Python op bounds this shard's output: lookahead.py)
+        d = self._descriptor(gpu, name, dst, tag)
+        if d < 0:
+            return -1, None
+        self.send_desc[id(message)] = (message, d, gpu)
+        return d, stream
+
+    def _stand_in_counts(self, gpu: VirtualGPU, stream) -> None:
+        """The stream's messages go to the kernels: the counters from the rank's (:meth:`_stand_in` next)."""
+        for e in self.slot_descs[(gpu.rank, stream.name)]:
             self.kc[self.sd.item(e, k.SD_CTR)] = self._counts(gpu, e).get(self._pair(e), 0)
+
+    def _stand_in(self, gpu: VirtualGPU, stream) -> None:
+        """The stream's stand-in op while the kernels hold its messages (after :meth:`_stand_in_counts`)."""
+        key = (gpu.rank, stream.name)
         stand_in = self.stand_ins[key] = Op(KSENDS, stream.name, None, None, None, False)
         stand_in.started = True
         stand_in.dl = 0  # (the lookahead's least delay behind it: 0 is a lower bound of any, lookahead.py)
@@ -91,33 +165,15 @@ class KernelMessages:
     def launch_recv(self, gpu: VirtualGPU, message: tuple, name: str) -> bool:
         """Shard.launch of a tape's pipeline receive on stream ``name`` in the kernels, and the wait
         of the block launched next for it (tape.py's phase 1, opkernels.R_RPEND): False (nothing
-        done) where the Python rules must take it - as for a send (launch_send), or the compute
-        stream's last op is not a block (a dependency the kernels do not hold), or has Python ops
-        depending on it (the kernels would start the receive before them), or the program asked
-        for waits, or the run has several shards. A ProgramError for a message of another size, as
-        p2p.PointToPoint._start_recv."""
-        if gpu.pending_waits or self.shard.shards > 1:
-            # (several shards: the lookahead's least delay of the block after it, Shard.launch's
-            # ``dl``, counts the receive it waits for in Python: kept there)
-            return False
+        done) where the Python rules must take it (:meth:`_recv_slot`). A ProgramError for a
+        message of another size, as p2p.PointToPoint._start_recv."""
         compute = gpu.streams.get("compute")
         last = compute.last if compute is not None else None
-        if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
+        d, stream = self._recv_slot(gpu, message, name, last)
+        if d < 0:
             return False
-        stream = _kernel_stream(gpu, name)
-        if stream is None:
-            return False
-        ops = stream.ops
-        known = self.send_desc.get(id(message))
-        if known is not None and known[0] is message and known[2] is gpu:
-            d = known[1]
-        else:
-            _, _, src, _, tag = message
-            d = self._descriptor(gpu, name, src, tag, True)
-            if d < 0:
-                return False
-            self.send_desc[id(message)] = (message, d, gpu)
-        if not ops:
+        if not stream.ops:
+            self._stand_in_counts(gpu, stream)
             self._stand_in(gpu, stream)
         shard = self.shard
         k.launch_recv(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
@@ -125,6 +181,31 @@ class KernelMessages:
         if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
             shard._suspend(gpu)
         return True
+
+    def _recv_slot(self, gpu: VirtualGPU, message: tuple, name: str, last) -> tuple:
+        """launch_recv's checks (``last``: the compute stream's last op): ``(descriptor, stream)``,
+        or ``(-1, None)`` where the Python rules must take the receive - as for a send
+        (:meth:`_send_slot`), or the compute stream's last op is not a block (a dependency the
+        kernels do not hold), or has Python ops depending on it (the kernels would start the
+        receive before them), or the program asked for waits, or the run has several shards."""
+        if gpu.pending_waits or self.shard.shards > 1:
+            # (several shards: the lookahead's least delay of the block after it, Shard.launch's
+            # ``dl``, counts the receive it waits for in Python: kept there)
+            return -1, None
+        if last is not None and not last.done and (last.kind != BLOCK or last.dependents is not None):
+            return -1, None
+        stream = _kernel_stream(gpu, name)
+        if stream is None:
+            return -1, None
+        known = self.send_desc.get(id(message))
+        if known is not None and known[0] is message and known[2] is gpu:
+            return known[1], stream
+        _, _, src, _, tag = message
+        d = self._descriptor(gpu, name, src, tag, True)
+        if d < 0:
+            return -1, None
+        self.send_desc[id(message)] = (message, d, gpu)
+        return d, stream
 
     def complete_recv(self, gpu: VirtualGPU, op: int, t: int) -> None:
         """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete."""
@@ -140,6 +221,10 @@ class KernelMessages:
         self.instant_stop(gpu, status, t)
         if gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
+
+    def recv_gpu(self, op: int) -> VirtualGPU:
+        """A kernel receive's rank (:meth:`recv_op` without the op)."""
+        return self.shard.gpus[self.ranks[self.ops.item(op, k.O_RI)]]
 
     def recv_op(self, op: int) -> tuple:
         """A kernel receive's rank and its Python op as the Python rules would have it (its name,

@@ -153,12 +153,14 @@ class PointToPoint:
         t = st[RET_T]
         run = st[RET_RUN]
         if run < -1:  # a tape's receive in the per-op engine's kernels (opcore.OpCore.launch_recv)
-            gpu, op = self.ops_core.recv_op(-2 - run)
+            ops = self.ops_core
+            gpu = ops.recv_gpu(-2 - run)  # (its Python op, with its name, only for the error)
             self.now = t
             try:
                 if status == RECV_DONE:
-                    self.ops_core.complete_recv(gpu, -2 - run, t)
+                    ops.complete_recv(gpu, -2 - run, t)
                     return
+                gpu, op = ops.recv_op(-2 - run)
                 self._check_recv(gpu, op, st[RET_PEER], st[RET_SIG_LO])
                 raise AssertionError("a receive's mismatch without one")
             except EmulatorError as exc:

@@ -44,6 +44,7 @@ from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
 from emulator.engine.tape import enabled as tape_enabled
+from emulator.engine.tape import fused_steps as tape_fused_steps
 from emulator.engine.tape import kernel_receives as tape_kernel_receives
 from emulator.engine.tape import kernel_sends as tape_kernel_sends
 from emulator.engine.vgpu import VirtualGPU, oom_message
@@ -141,6 +142,8 @@ class Shard(PointToPoint, CollectiveExecution):
         self.kernel_sends = self.tapes_on and self.p2p_core and tape_kernel_sends(settings.tape)
         # and its receives, on one shard (OpCore.launch_recv)
         self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives(settings.tape)
+        # and a step's block, send and next receive in one kernel call (OpCore.launch_step)
+        self.fused_steps = self.kernel_sends and tape_fused_steps(settings.tape)
         if self.kernel_sends:
             self.ops_core.enable_sends()
         if self.ops_core is not None and self.dedicated:

@@ -35,17 +35,26 @@ kernels (its proxy then waits for nothing of Python's). So a step's send and rec
 after their launch but that one call. The shard's streams hold one stand-in op meanwhile; Python
 hands a stream back where it launches on it or waits for every stream (OpCore.seal, drained).
 
+With ``EMULATOR_TAPE=steps`` (the default) a step's launches after its block's proxy take one
+kernel call (OpCore.launch_step, opkernels.launch_step): the block's rest, its send and the next
+step's receive, where no Python would run between them (the block launched to its end with no
+instant op stopping it, the program not to be suspended in between: their checks, made before the
+call, see what they would see after the block); else as many calls as with ``kernel``. A proxy is
+still a Python op, started by a kernel call of its own where it becomes its stream's head.
+
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
-``sends`` runs only its sends in the kernels, ``kernel`` (the default) its sends and receives:
-tests/emulator/engine/test_tape.py compares whole runs these ways, bit for bit. The driver reads
-it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every shard runs
-that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
+``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
+each, ``steps`` (the default) as ``kernel`` with a step's calls fused:
+tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit.
+The driver reads it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every
+shard runs that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
 """
 
 from __future__ import annotations
 
 from emulator.engine.opkernels import ST_SUSPEND
+from emulator.engine.opmessages import ST_SENT, ST_STEPPED
 from emulator.engine.ops import Op
 from emulator.engine.settings import TAPE_MODES
 from emulator.engine.settings import tape_mode as _mode
@@ -60,14 +69,20 @@ def enabled(mode: str | None = None) -> bool:
 
 def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
-    its receives (``kernel``, the default); a tape in Python with ``python`` (or ``1``)."""
-    return (mode or _mode()) in ("sends", "kernel")
+    its receives (``kernel``, or ``steps``, the default); a tape in Python with ``python`` (or ``1``)."""
+    return (mode or _mode()) in ("sends", "kernel", "steps")
 
 
 def kernel_receives(mode: str | None = None) -> bool:
-    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel``, the
-    default; one shard only: Shard.kernel_receives)."""
-    return (mode or _mode()) == "kernel"
+    """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
+    ``steps``, the default; one shard only: Shard.kernel_receives)."""
+    return (mode or _mode()) in ("kernel", "steps")
+
+
+def fused_steps(mode: str | None = None) -> bool:
+    """Whether a step's block, its send and the next step's receive are launched in one kernel call
+    (``EMULATOR_TAPE=steps``, the default; OpCore.launch_step) rather than one call each (``kernel``)."""
+    return (mode or _mode()) == "steps"
 
 
 class Tape:
@@ -104,6 +119,7 @@ class Tape:
         launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive the kernels do not take)
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
+        fused = shard.fused_steps
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
             if phase == 0:
@@ -134,7 +150,11 @@ class Tape:
                     self.i, self.phase = i, phase
                     return False
             if phase == 2:
-                if core.launch_rest(gpu) == ST_SUSPEND:  # no room in the kernels' ring yet
+                if fused:  # the block's rest, its send and the next step's receive in one kernel call
+                    status = core.launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
+                else:
+                    status = core.launch_rest(gpu)
+                if status == ST_SUSPEND:  # no room in the kernels' ring yet
                     shard._suspend(gpu)
                     self.i, self.phase = i, phase
                     return False
@@ -142,6 +162,16 @@ class Tape:
                 if alloc_key is not None:
                     self.held[alloc_key] = self.memory[0]
                 self.memory = None
+                if status >= ST_SENT:  # (phase 3 done, and with ST_STEPPED the next step's phase 0)
+                    i += 1
+                    phase = 0
+                    if status == ST_STEPPED:  # (its wait is the kernels', as launch_recv's)
+                        phase = 1
+                        self.op = None
+                    if gpu._susp:  # Shard.launch's check after the send (or the receive)
+                        self.i, self.phase = i, phase
+                        return False
+                    continue
                 if gpu._susp:  # Shard.launch's check after a last alloc or free row
                     self.i, self.phase = i, phase
                     return False

@@ -19,6 +19,7 @@ import pytest
 from emulator.config.loader import load_run
 from emulator.engine import api as engine_api
 from emulator.engine import opcore as engine_opcore
+from emulator.engine.opmessages import ST_SENT, ST_STEPPED
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from netmodel.errors import ConfigError
@@ -43,10 +44,12 @@ AXES = [
 @pytest.fixture
 def kernel_sent(monkeypatch):
     """How many of the tapes' sends and receives the kernels took (OpCore.launch_send,
-    launch_recv), and how many stand-ins Python sealed with messages in flight and the kernels
+    launch_recv, and launch_step: ``stepped`` counts its calls that took a message), and how many
+    stand-ins Python sealed with messages in flight and the kernels
     handed back (OpCore.drained)."""
-    counts = {"sent": 0, "received": 0, "drained": 0}
+    counts = {"sent": 0, "received": 0, "drained": 0, "stepped": 0}
     launch_send, launch_recv = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.launch_recv
+    launch_step = engine_opcore.OpCore.launch_step
     drained = engine_opcore.OpCore.drained
 
     def counting(self, gpu, message, name):
@@ -63,6 +66,15 @@ def kernel_sent(monkeypatch):
         counts["drained"] += 1
         return drained(self, *args)
 
+    def counting_step(self, gpu, send, recv):
+        status = launch_step(self, gpu, send, recv)
+        if status in (ST_SENT, ST_STEPPED):
+            counts["sent"] += send is not None
+            counts["stepped"] += 1
+        counts["received"] += status == ST_STEPPED
+        return status
+
+    monkeypatch.setattr(engine_opcore.OpCore, "launch_step", counting_step)
     monkeypatch.setattr(engine_opcore.OpCore, "launch_send", counting)
     monkeypatch.setattr(engine_opcore.OpCore, "launch_recv", counting_recv)
     monkeypatch.setattr(engine_opcore.OpCore, "drained", counting_drained)
@@ -82,6 +94,14 @@ def _run(base: str, overrides: list[str], tape: bool | str, monkeypatch, shards:
     data.pop("extra")
     data.pop("rounds")
     return summary["fingerprint"], data
+
+
+def _kernels(base: str, overrides: list[str], monkeypatch, shards: int = 1):
+    """The run with the tapes' messages in the kernels, one kernel call per launch (``kernel``) and a
+    step's block, send and next receive in one call (``steps``, OpCore.launch_step): both alike."""
+    kernel = _run(base, overrides, "kernel", monkeypatch, shards)
+    assert kernel == _run(base, overrides, "steps", monkeypatch, shards), (base, overrides, "steps")
+    return kernel
 
 
 def _cases(seed: int, count: int):
@@ -106,18 +126,20 @@ def _cases(seed: int, count: int):
 
 def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
     """Each case with tapes and without; with ``kernel_sent``, with the tapes' sends in the kernels too."""
-    took = sent = 0
+    took = sent = stepped = 0
     for base, overrides in _cases(seed, count):
         before = taped[0]
         on = _run(base, overrides, True, monkeypatch)
         took += taped[0] > before
         assert on == _run(base, overrides, False, monkeypatch), (base, overrides)
         if kernel_sent is not None:
-            before = kernel_sent["sent"], kernel_sent["received"]
-            assert on == _run(base, overrides, "kernel", monkeypatch), (base, overrides, "kernel")
+            before = kernel_sent["sent"], kernel_sent["received"], kernel_sent["stepped"]
+            assert on == _kernels(base, overrides, monkeypatch), (base, overrides, "kernel")
             sent += kernel_sent["sent"] > before[0] and kernel_sent["received"] > before[1]
+            stepped += kernel_sent["stepped"] > before[2]
     assert took, "no case ran a tape"
     assert kernel_sent is None or sent, "no case sent and received in the kernels"
+    assert kernel_sent is None or stepped, "no case launched a step's messages with its block (launch_step)"
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -145,7 +167,7 @@ def test_suspensions_and_schedules(ahead, schedule, taped, kernel_sent, monkeypa
     on = _run("megatron-175b-64gpu", args, True, monkeypatch)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
-    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["sent"]
+    assert on == _kernels("megatron-175b-64gpu", args, monkeypatch) and kernel_sent["sent"]
     assert on == _run("megatron-175b-64gpu", args, "sends", monkeypatch)
 
 
@@ -158,7 +180,7 @@ def test_several_shards(shards, taped, kernel_sent, monkeypatch):
     on = _run("megatron-1t-3072gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-1t-3072gpu", args, False, monkeypatch, shards)
-    assert on == _run("megatron-1t-3072gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
+    assert on == _kernels("megatron-1t-3072gpu", args, monkeypatch, shards) and kernel_sent["sent"]
     assert on[0] == _run("megatron-1t-3072gpu", args, True, monkeypatch)[0]
 
 
@@ -180,7 +202,7 @@ def test_a_receive_of_another_size_fails_alike(virtual, taped, kernel_sent, monk
     assert on[0] == "ProgramError" and "sizes must be equal" in on[1], on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
     # the receive in the kernels: met at its hand-over or in the mailbox when it starts (OpCore._mismatch)
-    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["received"]
+    assert on == _kernels("megatron-175b-64gpu", args, monkeypatch) and kernel_sent["received"]
 
 
 def test_shortened_reference_run(taped, monkeypatch):
@@ -251,7 +273,7 @@ def test_out_of_memory_inside_a_tape_fails_alike(extra, allocating, taped, monke
     assert on[0] == "OutOfMemoryError" and "on rank 8 at" in on[1] and f"allocating {allocating} (" in on[1], on
     assert inside == [True], inside
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
-    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch)
+    assert on == _kernels("megatron-175b-64gpu", args, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -272,7 +294,7 @@ def test_a_receive_with_the_wrong_tag_deadlocks_alike(extra, taped, kernel_sent,
     assert on[0] == "DeadlockError" and "recv(src=8, tag=7," in on[1], on
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch)
     # the same report with the tapes' sends in the kernels (their streams handed back first: Shard.blocked)
-    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch) and kernel_sent["sent"]
+    assert on == _kernels("megatron-175b-64gpu", args, monkeypatch) and kernel_sent["sent"]
 
 
 SMALL_PIPELINE = ["training.global_batch_size=32", "training.micro_batch_size=1", "parallel.tensor=4",
@@ -311,7 +333,7 @@ def test_data_parallel_pipelines(extra, taped, kernel_sent, monkeypatch):
     on = _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], True, monkeypatch)
     assert taped[0] > 0
     assert on == _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], False, monkeypatch)
-    assert on == _run("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], "kernel", monkeypatch)
+    assert on == _kernels("llama3-8b-64gpu", [*SMALL_PIPELINE, *extra], monkeypatch)
     print(kernel_sent)
     assert kernel_sent["sent"]
 
@@ -325,7 +347,7 @@ def test_a_slow_nic_window(shards, taped, kernel_sent, monkeypatch):
     on = _run("megatron-175b-64gpu", args, True, monkeypatch, shards)
     assert taped[0] > 0
     assert on == _run("megatron-175b-64gpu", args, False, monkeypatch, shards)
-    assert on == _run("megatron-175b-64gpu", args, "kernel", monkeypatch, shards) and kernel_sent["sent"]
+    assert on == _kernels("megatron-175b-64gpu", args, monkeypatch, shards) and kernel_sent["sent"]
 
 
 @pytest.mark.slow
@@ -351,7 +373,7 @@ def test_python_sends_behind_kernel_sends(taped, kernel_sent, monkeypatch):
     or synchronize waiting for every stream's last op waits for the kernels' sends alike."""
     args = [*SMALL_PIPELINE, "parallel.pipeline=4", "parallel.overlap_grad_reduce=true", "parallel.zero_stage=1"]
     on = _run("llama3-8b-64gpu", args, True, monkeypatch)
-    assert on == _run("llama3-8b-64gpu", args, "kernel", monkeypatch)
+    assert on == _kernels("llama3-8b-64gpu", args, monkeypatch)
     assert kernel_sent["sent"] and kernel_sent["drained"], kernel_sent
     assert on == _run("llama3-8b-64gpu", args, "sends", monkeypatch)
 

@@ -24,13 +24,14 @@ from emulator.config.loader import load_run
 from emulator.engine import api as engine_api
 from emulator.engine import opcore as engine_opcore
 from emulator.engine import shard as engine_shard
+from emulator.engine.opmessages import ST_SENT, ST_STEPPED
 from emulator.errors import EmulatorError
 from emulator.runner.sequence import execute
 from tests.conftest import CONFIGS
 from tests.emulator.engine.test_opcore_fuzz import run_dir
 
 RUN = CONFIGS / "runs" / "megatron-175b-64gpu.yaml"
-MODES = ["0", "python", "sends", "kernel"]
+MODES = ["0", "python", "sends", "kernel", "steps"]
 # rank 8 (stage 1) 20x slower: rank 16's backward messages reach it long before it receives them
 SLOW_8 = ["faults.slow_gpu=[{ranks: [8], factor: 0.05}]", "engine.fold_tensor_groups=false",
           "engine.max_ops_ahead=2", "training.global_batch_size=16"]  # fmt: skip
@@ -41,6 +42,7 @@ def kernel_took(monkeypatch):
     """How many tape sends and receives the kernels took, and where OpCore._mismatch was called from."""
     counts = {"sent": 0, "received": 0, "mismatch_from": []}
     launch_send, launch_recv = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.launch_recv
+    launch_step = engine_opcore.OpCore.launch_step
     mismatch = engine_opcore.OpCore._mismatch
 
     def sending(self, gpu, message, name):
@@ -57,6 +59,13 @@ def kernel_took(monkeypatch):
         counts["mismatch_from"].append([f.name for f in traceback.extract_stack()[-4:-1]])
         return mismatch(self)
 
+    def stepping(self, gpu, send, recv):
+        status = launch_step(self, gpu, send, recv)
+        counts["sent"] += send is not None and status in (ST_SENT, ST_STEPPED)
+        counts["received"] += status == ST_STEPPED
+        return status
+
+    monkeypatch.setattr(engine_opcore.OpCore, "launch_step", stepping)
     monkeypatch.setattr(engine_opcore.OpCore, "launch_send", sending)
     monkeypatch.setattr(engine_opcore.OpCore, "launch_recv", receiving)
     monkeypatch.setattr(engine_opcore.OpCore, "_mismatch", noting)
