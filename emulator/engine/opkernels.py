@@ -851,6 +851,24 @@ def _try_r(P, ri, base, t):
 
 
 @njit(cache=True)
+def _message_done(rs, ops, ri, op, t, base):
+    """Shard._complete's own rules for a kernel send or receive ``op`` done at ``t`` on the stream
+    slot at ``base``: done, off its stream's head (its next op returned, -1 when none), the rank's
+    counts (outstanding, ops done, last time, communication time)."""
+    ops[op, O_STATE] = S_DONE
+    nxt = ops[op, O_NEXT]
+    rs[ri, base + SS_HEAD] = nxt
+    if nxt < 0:
+        rs[ri, base + SS_TAIL] = -1
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    return nxt
+
+
+@njit(cache=True)
 def _recv_done(P, ri, op, t):
     """Shard._complete of a kernel receive up to its stream's next op: its counts, its dependents
     (the block it was launched for: its first op, whose release names the receive's stream, R_CBY);
@@ -862,7 +880,6 @@ def _recv_done(P, ri, op, t):
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
     g = _i1(P, A_G)
-    ops[op, O_STATE] = S_DONE
     start = -1
     if rs[ri, R_RPEND] == op:
         rs[ri, R_RPEND] = -1
@@ -870,15 +887,7 @@ def _recv_done(P, ri, op, t):
             start = -2  # the block launched for it is not begun yet: its proxy waited for it alone
     slot = sd[ops[op, O_LOST], SD_SLOT]
     base = R_SS0 + slot * SS_FIELDS
-    nxt = ops[op, O_NEXT]
-    rs[ri, base + SS_HEAD] = nxt
-    if nxt < 0:
-        rs[ri, base + SS_TAIL] = -1
-    rs[ri, R_OUT] -= 1
-    rs[ri, R_OPSDONE] += 1
-    if t > rs[ri, R_LAST]:
-        rs[ri, R_LAST] = t
-    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    nxt = _message_done(rs, ops, ri, op, t, base)
     for k in range(ops[op, O_NDEP]):
         dep = ops[op, O_DEP0 + k]
         ops[dep, O_DEPS] -= 1
@@ -952,18 +961,9 @@ def _complete_send(P, ri, op, t):
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
     g = _i1(P, A_G)
-    ops[op, O_STATE] = S_DONE
     slot = sd[ops[op, O_LOST], SD_SLOT]
     base = R_SS0 + slot * SS_FIELDS
-    nxt = ops[op, O_NEXT]
-    rs[ri, base + SS_HEAD] = nxt
-    if nxt < 0:
-        rs[ri, base + SS_TAIL] = -1
-    rs[ri, R_OUT] -= 1
-    rs[ri, R_OPSDONE] += 1
-    if t > rs[ri, R_LAST]:
-        rs[ri, R_LAST] = t
-    rs[ri, R_COMMNS] += t - ops[op, O_TSTART]
+    nxt = _message_done(rs, ops, ri, op, t, base)
     if nxt >= 0:
         _try_s(P, ri, base, t)
     elif rs[ri, base + SS_SEAL]:
@@ -1190,20 +1190,21 @@ def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
 
 
 @njit(cache=True)
-def _launch_recv(P, ri, d, size, dep, now):
-    """Shard.launch of a tape's pipeline receive (descriptor ``d``) on its stream slot, after the
-    compute stream's last op when ``dep`` (a block, not done: its last op); the block launched next
-    waits for it (R_RPEND). Returns ST_LIMIT, or ST_RMISMATCH (only where it starts: not ``dep``)."""
+def _enqueue_message(P, ri, kind, d, size, dep):
+    """Shard.launch's rules shared by a tape's kernel send and receive (``kind`` K_S / K_R,
+    descriptor ``d``, ``size`` bytes): a new op at its stream slot's tail, after the compute stream's
+    last op when ``dep`` (the block just launched, not done: its last op), outstanding counted;
+    returns the op and its slot's base."""
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
     sd = _i2(P, A_SD, SD_FIELDS)
     g = _i1(P, A_G)
-    op = _new_op(rs, ops, g, ri, K_R, size)
+    op = _new_op(rs, ops, g, ri, kind, size)
     ops[op, O_LOST] = d
     if dep:
         last = rs[ri, R_CTAIL]
         if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
-            g[G_ERR] = 4
+            g[G_ERR] = 4  # the compute stream's last op is not the block's last (an engine bug)
         else:
             _add_dep(ops, g, op, last)
     base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
@@ -1213,6 +1214,16 @@ def _launch_recv(P, ri, d, size, dep, now):
         rs[ri, base + SS_HEAD] = op
     rs[ri, base + SS_TAIL] = op
     rs[ri, R_OUT] += 1
+    return op, base
+
+
+@njit(cache=True)
+def _launch_recv(P, ri, d, size, dep, now):
+    """Shard.launch of a tape's pipeline receive (descriptor ``d``) on its stream slot, after the
+    compute stream's last op when ``dep`` (a block, not done: its last op); the block launched next
+    waits for it (R_RPEND). Returns ST_LIMIT, or ST_RMISMATCH (only where it starts: not ``dep``)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    op, base = _enqueue_message(P, ri, K_R, d, size, dep)
     rs[ri, R_RPEND] = op
     status = ST_LIMIT
     if rs[ri, base + SS_HEAD] == op:
@@ -1252,24 +1263,7 @@ def _launch_send(P, ri, d, size, dep, now):
     the compute stream's last op when ``dep`` (the block just launched, not done: its last op);
     it starts when it is the stream's head and waits for nothing (p2p.PointToPoint._start_send)."""
     rs = _i2(P, A_RS, R_FIELDS)
-    ops = _i2(P, A_OPS, O_FIELDS)
-    sd = _i2(P, A_SD, SD_FIELDS)
-    g = _i1(P, A_G)
-    op = _new_op(rs, ops, g, ri, K_S, size)
-    ops[op, O_LOST] = d
-    if dep:
-        last = rs[ri, R_CTAIL]
-        if last < 0 or not ops[last, O_LAST] or ops[last, O_STATE] == S_DONE:
-            g[G_ERR] = 4  # the compute stream's last op is not the block's last (an engine bug)
-        else:
-            _add_dep(ops, g, op, last)
-    base = R_SS0 + sd[d, SD_SLOT] * SS_FIELDS
-    if rs[ri, base + SS_TAIL] >= 0:
-        ops[rs[ri, base + SS_TAIL], O_NEXT] = op
-    else:
-        rs[ri, base + SS_HEAD] = op
-    rs[ri, base + SS_TAIL] = op
-    rs[ri, R_OUT] += 1
+    op, base = _enqueue_message(P, ri, K_S, d, size, dep)
     if rs[ri, base + SS_HEAD] == op:
         _try_s(P, ri, base, now)
 

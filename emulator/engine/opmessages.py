@@ -57,16 +57,8 @@ class KernelMessages:
         d, stream = self._send_slot(gpu, message, name)
         if d < 0:
             return False
-        fresh = not stream.ops
-        if fresh:
-            self._stand_in_counts(gpu, stream)
-            self._stand_in(gpu, stream)
-        last = gpu.streams["compute"].last  # (the block just launched, or done)
-        shard = self.shard
-        k.launch_send(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
-        self._after()
-        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
-            shard._suspend(gpu)
+        # (after the block just launched, or done)
+        self._launch_message(gpu, stream, k.launch_send, d, message[3], gpu.streams["compute"].last)
         return True
 
     def launch_step(self, gpu: VirtualGPU, send: tuple | None, recv: tuple | None) -> int:
@@ -172,15 +164,21 @@ class KernelMessages:
         d, stream = self._recv_slot(gpu, message, name, last)
         if d < 0:
             return False
+        self._launch_message(gpu, stream, k.launch_recv, d, message[3], last)
+        return True
+
+    def _launch_message(self, gpu: VirtualGPU, stream, launch, d: int, size: int, last) -> None:
+        """launch_send's and launch_recv's launch in the kernels (``launch``: k.launch_send or
+        k.launch_recv, descriptor ``d``, ``size`` bytes, after ``last``, the compute stream's last op,
+        where it is not done): the stream's stand-in where it had no op, then Shard.launch's check."""
         if not stream.ops:
             self._stand_in_counts(gpu, stream)
             self._stand_in(gpu, stream)
         shard = self.shard
-        k.launch_recv(*self.args, gpu._ri, d, message[3], 0 if last is None or last.done else 1, shard.now)
+        launch(*self.args, gpu._ri, d, size, 0 if last is None or last.done else 1, shard.now)
         self._after()
         if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
             shard._suspend(gpu)
-        return True
 
     def _recv_slot(self, gpu: VirtualGPU, message: tuple, name: str, last) -> tuple:
         """launch_recv's checks (``last``: the compute stream's last op): ``(descriptor, stream)``,
