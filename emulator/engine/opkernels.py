@@ -737,6 +737,28 @@ def _note_room(P):
 
 
 @njit(cache=True)
+def _head_starts(rs, ops, ri, base, t):
+    """Shard._try_start's rules shared by a kernel send and receive stream (its slot's fields from
+    ``base``): its head op starts at ``t`` (returned) where it is launched and waits for nothing,
+    the time its stream was blocked by the compute stream counted; -1 where none starts (a
+    waiting head marks when its stream became blocked)."""
+    op = rs[ri, base + SS_HEAD]
+    if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+        return -1
+    if ops[op, O_DEPS]:
+        if rs[ri, base + SS_BLK] < 0:
+            rs[ri, base + SS_BLK] = t
+        return -1
+    if rs[ri, base + SS_BLK] >= 0:
+        rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
+        rs[ri, base + SS_HIT] = 1
+        rs[ri, base + SS_BLK] = -1
+    ops[op, O_STATE] = S_STARTED
+    ops[op, O_TSTART] = t
+    return op
+
+
+@njit(cache=True)
 def _try_s(P, ri, base, t):
     """Shard._try_start on a kernel send stream (its slot's fields from ``base``): its head send
     starts when its dependency (the compute stream's block) is done: p2p.PointToPoint._start_send,
@@ -744,19 +766,9 @@ def _try_s(P, ri, base, t):
     completion an event of this heap at the tail's leaving, keyed from the rank's counter."""
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
-    op = rs[ri, base + SS_HEAD]
-    if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+    op = _head_starts(rs, ops, ri, base, t)
+    if op < 0:
         return
-    if ops[op, O_DEPS]:
-        if rs[ri, base + SS_BLK] < 0:
-            rs[ri, base + SS_BLK] = t
-        return
-    if rs[ri, base + SS_BLK] >= 0:
-        rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
-        rs[ri, base + SS_HIT] = 1
-        rs[ri, base + SS_BLK] = -1
-    ops[op, O_STATE] = S_STARTED
-    ops[op, O_TSTART] = t
     sd = _i2(P, A_SD, SD_FIELDS)
     kc = _i1(P, A_KC)
     g = _i1(P, A_G)
@@ -799,19 +811,9 @@ def _try_r(P, ri, base, t):
     kc = _i1(P, A_KC)
     g = _i1(P, A_G)
     while True:
-        op = rs[ri, base + SS_HEAD]
-        if op < 0 or ops[op, O_STATE] != S_LAUNCHED:
+        op = _head_starts(rs, ops, ri, base, t)
+        if op < 0:
             return ST_LIMIT
-        if ops[op, O_DEPS]:
-            if rs[ri, base + SS_BLK] < 0:
-                rs[ri, base + SS_BLK] = t
-            return ST_LIMIT
-        if rs[ri, base + SS_BLK] >= 0:
-            rs[ri, base + SS_WAIT] += t - rs[ri, base + SS_BLK]  # blocked by the compute stream
-            rs[ri, base + SS_HIT] = 1
-            rs[ri, base + SS_BLK] = -1
-        ops[op, O_STATE] = S_STARTED
-        ops[op, O_TSTART] = t
         d = ops[op, O_LOST]
         c = sd[d, SD_CTR]
         k = kc[c]
