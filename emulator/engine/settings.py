@@ -25,7 +25,7 @@ from emulator.errors import ConfigError
 # how the built-in program's plain pipeline steps run (emulator/engine/tape.py): from tapes with
 # their sends and receives in the op kernels, their sends only, their messages in Python ("1": the
 # same), or no tapes (the program launches every step itself); the results are the same
-TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps")
+TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks")
 
 
 def tape_mode() -> str:

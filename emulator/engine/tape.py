@@ -70,19 +70,26 @@ def enabled(mode: str | None = None) -> bool:
 def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
     its receives (``kernel``, or ``steps``, the default); a tape in Python with ``python`` (or ``1``)."""
-    return (mode or _mode()) in ("sends", "kernel", "steps")
+    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks")
 
 
 def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
     ``steps``, the default; one shard only: Shard.kernel_receives)."""
-    return (mode or _mode()) in ("kernel", "steps")
+    return (mode or _mode()) in ("kernel", "steps", "blocks")
 
 
 def fused_steps(mode: str | None = None) -> bool:
     """Whether a step's block, its send and the next step's receive are launched in one kernel call
     (``EMULATOR_TAPE=steps``, the default; OpCore.launch_step) rather than one call each (``kernel``)."""
-    return (mode or _mode()) == "steps"
+    return (mode or _mode()) in ("steps", "blocks")
+
+
+def kernel_blocks(mode: str | None = None) -> bool:
+    """Whether a step's block queued behind another starts in the kernels where that one ends, its
+    proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opkernels._chain and
+    OpCore.settle; one shard only: Shard.chain_blocks)."""
+    return (mode or _mode()) == "blocks"
 
 
 class Tape:
