@@ -170,6 +170,9 @@ ST_SDRAIN = 8
 ST_RMISMATCH = 9
 # launch_step launched a tape step's block, its send and the next step's receive (not a stop of run())
 ST_STEPPED = 10
+# (inside the kernels only: an instant op ended its block and the next block started behind it,
+# _instant's chain - the compute stream's loop goes on with that block's first op)
+ST_ICHAIN = 11
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -435,7 +438,7 @@ def _try_c(P, ri, t):
             _start_at(P, ri, op, t)
             return ST_LIMIT
         status = _instant(P, ri, op, t)
-        if status != ST_LIMIT:
+        if status != ST_LIMIT and status != ST_ICHAIN:
             return status
 
 
@@ -470,6 +473,25 @@ def _instant(P, ri, op, t):
         # kernel sends and receives first
         if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
             return ST_RMISMATCH
+        if nxt < 0 and rs[ri, R_BEGIN] >= 0 and rs[ri, R_AUTO]:
+            _begin_pending(P, ri)  # (start_block's first step: the next block's first op, queued now)
+            nxt = rs[ri, R_CHEAD]
+        if nxt >= 0 and ops[nxt, O_GATE] == 2:
+            # its proxy completes (a BLOCK: OpCore.instant_stop's Shard._complete) and the next
+            # one starts, here, where the Python rules would start it before the program's check
+            # (a receive the end released that completed at once: G_PREL) or after a check that
+            # does not resume it (else ST_IBLOCK: Python resumes the program first)
+            out = rs[ri, R_OUT] - 1
+            if g[G_PREL] or not (rs[ri, R_SUSP] and (rs[ri, R_SYNC] or out <= g[G_MAXAHEAD] >> 1)):
+                g[G_PREL] = 0
+                rs[ri, R_OUT] = out
+                rs[ri, R_OPSDONE] += 1
+                if t > rs[ri, R_LAST]:
+                    rs[ri, R_LAST] = t
+                rs[ri, R_ADONE] += 1
+                rs[ri, R_ASTART] = t
+                ops[nxt, O_GATE] = 0
+                return ST_ICHAIN
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_OP] = op
