@@ -756,17 +756,23 @@ class OpCore(KernelMessages):
             return
         mv[_R_ADONE] = 0
         stream = gpu.streams["compute"]
-        ops = stream.ops
+        pop = stream.ops.popleft
+        add, discard = gpu.allocations.add, gpu.allocations.discard
         done_ns = 0
         for _ in range(n):
-            proxy = ops.popleft()
+            proxy = pop()
             assert proxy.kind == BLOCK and proxy.dependents is None, proxy
             proxy.started = proxy.done = True  # (one started by the kernels: as by _try_start)
-            if proxy.mem is not None:
-                self._apply_memory(gpu, proxy)
+            entry = proxy.mem
+            if entry is not None:  # (_apply_memory, inline: most blocks allocate or free)
+                proxy.mem = None
+                for obj in entry[0]:
+                    add(obj)
+                for obj in entry[1]:
+                    discard(obj)
             done_ns += proxy.a
         stream.done_ns += done_ns
-        head = ops[0]
+        head = stream.ops[0]
         assert head.kind == BLOCK and not head.started and not head.deps_left and stream.blocked_since < 0, head
         head.started = True
         head.t_start = mv[k.R_ASTART]
