@@ -133,7 +133,7 @@ def _cases(seed: int, count: int):
         yield base, overrides
 
 
-def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
+def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None, chains: bool = False) -> None:
     """Each case with tapes and without; with ``kernel_sent``, with the tapes' sends in the kernels too."""
     took = sent = stepped = chained = 0
     for base, overrides in _cases(seed, count):
@@ -150,12 +150,14 @@ def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
     assert took, "no case ran a tape"
     assert kernel_sent is None or sent, "no case sent and received in the kernels"
     assert kernel_sent is None or stepped, "no case launched a step's messages with its block (launch_step)"
-    assert kernel_sent is None or chained, "no case chained a block in the kernels (EMULATOR_TAPE=blocks)"
+    # (a seed whose cases all launch few ops ahead queues no block behind another: the default
+    # seeds chain, test_tape_blocks.py covers both ends)
+    assert not chains or chained, "no case chained a block in the kernels (EMULATOR_TAPE=blocks)"
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_fuzzed_pipelines_match_the_program(seed, taped, kernel_sent, monkeypatch):
-    _check(seed, 3, taped, monkeypatch, kernel_sent)
+    _check(seed, 3, taped, monkeypatch, kernel_sent, chains=True)
 
 
 @pytest.mark.slow
