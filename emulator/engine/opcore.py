@@ -71,7 +71,7 @@ from emulator.errors import EmulatorError, OutOfMemoryError
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
 _G_SENT, _G_LOW, _G_RDRAIN, _ST_RMISMATCH = k.G_SENT, k.G_LOW, k.G_RDRAIN, k.ST_RMISMATCH
 _G_RET_RI, _G_RET_T, _G_RET_TSTART, _ST_LIMIT, _NO_LIMIT = k.G_RET_RI, k.G_RET_T, k.G_RET_TSTART, k.ST_LIMIT, k.NO_LIMIT
-_R_BEGIN, _ST_SUSPEND = k.R_BEGIN, k.ST_SUSPEND
+_R_BEGIN, _ST_SUSPEND, _R_ADONE = k.R_BEGIN, k.ST_SUSPEND, k.R_ADONE
 
 # the block streams' waits: (hit flag, ns, stream, the stream it waited for) (Shard._try_start)
 _WAITS = ((k.R_WCT_HIT, k.R_WCT, "compute", "tp"), (k.R_WTC_HIT, k.R_WTC, "tp", "compute"))
@@ -639,6 +639,8 @@ class OpCore(KernelMessages):
         block's last op was that alloc or free (ST_IBLOCK): its proxy completes as the op would
         (start_next=False) and the shard's compute stream goes on; or the alloc ran out of memory."""
         shard = self.shard
+        if gpu._mv[_R_ADONE]:
+            self.settle(gpu)
         while status == k.ST_IRESUME:
             shard._maybe_resume(gpu)
             k.cont(*self.args, gpu._ri, t)
@@ -729,14 +731,58 @@ class OpCore(KernelMessages):
         (duration, FLOPs, start) for Shard._complete."""
         g = self.gm
         ri = g[_G_RET_RI]
-        proxy = self.proxies[ri]
         gpu = self.shard.gpus[self.ranks[ri]]
+        if gpu._mv[_R_ADONE]:
+            self.settle(gpu)
+        proxy = self.proxies[ri]
         if proxy.mem is not None:
             self._apply_memory(gpu, proxy)
         proxy.kind = COMPUTE
         proxy.t_start = g[_G_RET_TSTART]
         g[k.G_PREL] = 0  # (its completion starts the compute stream's next op before the program's check)
         return gpu, proxy, g[_G_RET_T]
+
+    def settle(self, gpu: VirtualGPU) -> None:
+        """The proxies of ``gpu``'s blocks that the kernels completed and started themselves
+        (``EMULATOR_TAPE=blocks``: opkernels._chain) as Shard._complete and _try_start would have
+        left them, before Python reads the rank's compute stream or live allocations: each done,
+        off the stream, its allocations applied, its least duration in the stream's ``done_ns``
+        (the kernels counted the rest); the stream's head started when the last one ended (the
+        kernels' R_ASTART) and the rank's running proxy. A completed one left nothing else to
+        Python: it had no dependents (Shard._launch_block_compiled's conditions)."""
+        mv = gpu._mv
+        n = mv[_R_ADONE]
+        if not n:
+            return
+        mv[_R_ADONE] = 0
+        stream = gpu.streams["compute"]
+        pop = stream.ops.popleft
+        add, discard = gpu.allocations.add, gpu.allocations.discard
+        done_ns = 0
+        for _ in range(n):
+            proxy = pop()
+            assert proxy.kind == BLOCK and proxy.dependents is None, proxy
+            proxy.started = proxy.done = True  # (one started by the kernels: as by _try_start)
+            entry = proxy.mem
+            if entry is not None:  # (_apply_memory, inline: most blocks allocate or free)
+                proxy.mem = None
+                for obj in entry[0]:
+                    add(obj)
+                for obj in entry[1]:
+                    discard(obj)
+            done_ns += proxy.a
+        stream.done_ns += done_ns
+        head = stream.ops[0]
+        assert head.kind == BLOCK and not head.started and not head.deps_left and stream.blocked_since < 0, head
+        head.started = True
+        head.t_start = mv[k.R_ASTART]
+        self.proxies[gpu._ri] = head
+
+    def settle_all(self) -> None:
+        """:meth:`settle` for every rank with proxies to settle (before figures or reports)."""
+        gpus = self.shard.gpus
+        for ri in np.flatnonzero(self.rs[:, k.R_ADONE]).tolist():
+            self.settle(gpus[self.ranks[ri]])
 
     def resumed(self) -> tuple[VirtualGPU, int]:
         g = self.gm
@@ -745,6 +791,7 @@ class OpCore(KernelMessages):
     # -- figures --------------------------------------------------------------------------------
     def flush(self) -> None:
         """Add the kernels' accumulators to the shard's figures (ShardStats.flush calls this)."""
+        self.settle_all()  # (none left at a run's end: a tape's last proxy completes in Python)
         pl = self.pl
         netcore = self.shard.core
         for p, (acc, op_name) in enumerate(self.plan_info):

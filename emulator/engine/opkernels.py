@@ -92,7 +92,12 @@ R_SS0 = R_CAP + 1
 # R_CBY: what released the compute stream's head last (0: the tensor stream, 1 + slot: a receive)
 R_RPEND = R_SS0 + NSS * SS_FIELDS
 R_CBY = R_RPEND + 1
-R_FIELDS = R_CBY + 1
+# a tape's block chained in the kernels (EMULATOR_TAPE=blocks, OpCore.settle): R_AUTO, written from Python
+# before the block's first op is begun, 1 when its proxy may start in the kernels where the block
+# before it ends (its first op's O_GATE is then 2); R_ADONE the proxies the kernels completed so
+# since Python last looked, R_ASTART when the last one chained started its successor
+R_AUTO, R_ADONE, R_ASTART = R_CBY + 1, R_CBY + 2, R_CBY + 3
+R_FIELDS = R_CBY + 4
 # per op
 O_KIND, O_VAL, O_STATE, O_DEPS, O_TSTART, O_NEXT, O_LAST, O_GATE, O_RI, O_NDEP, O_LOST, O_DEP0 = range(12)
 # a compute-stream op's dependents are the tensor collectives launched after it before the next one
@@ -165,6 +170,9 @@ ST_SDRAIN = 8
 ST_RMISMATCH = 9
 # launch_step launched a tape step's block, its send and the next step's receive (not a stop of run())
 ST_STEPPED = 10
+# (inside the kernels only: an instant op ended its block and the next block started behind it,
+# _instant's chain - the compute stream's loop goes on with that block's first op)
+ST_ICHAIN = 11
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
 # a kernel call every two or three events; so the entry points below take five buffers and cut the
@@ -430,7 +438,7 @@ def _try_c(P, ri, t):
             _start_at(P, ri, op, t)
             return ST_LIMIT
         status = _instant(P, ri, op, t)
-        if status != ST_LIMIT:
+        if status != ST_LIMIT and status != ST_ICHAIN:
             return status
 
 
@@ -465,6 +473,25 @@ def _instant(P, ri, op, t):
         # kernel sends and receives first
         if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
             return ST_RMISMATCH
+        if nxt < 0 and rs[ri, R_BEGIN] >= 0 and rs[ri, R_AUTO]:
+            _begin_pending(P, ri)  # (start_block's first step: the next block's first op, queued now)
+            nxt = rs[ri, R_CHEAD]
+        if nxt >= 0 and ops[nxt, O_GATE] == 2:
+            # its proxy completes (a BLOCK: OpCore.instant_stop's Shard._complete) and the next
+            # one starts, here, where the Python rules would start it before the program's check
+            # (a receive the end released that completed at once: G_PREL) or after a check that
+            # does not resume it (else ST_IBLOCK: Python resumes the program first)
+            out = rs[ri, R_OUT] - 1
+            if g[G_PREL] or not (rs[ri, R_SUSP] and (rs[ri, R_SYNC] or out <= g[G_MAXAHEAD] >> 1)):
+                g[G_PREL] = 0
+                rs[ri, R_OUT] = out
+                rs[ri, R_OPSDONE] += 1
+                if t > rs[ri, R_LAST]:
+                    rs[ri, R_LAST] = t
+                rs[ri, R_ADONE] += 1
+                rs[ri, R_ASTART] = t
+                ops[nxt, O_GATE] = 0
+                return ST_ICHAIN
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_OP] = op
@@ -532,7 +559,8 @@ def _begin_block(P, ri, b):
     op = _new_op(rs, ops, g, ri, K_C if code == I_C else (K_A if code == I_A else K_F), ti[row, 1])
     of[op] = tf[row]
     ops[op, O_LOST] = ti[row, 2]
-    ops[op, O_GATE] = 1
+    ops[op, O_GATE] = 1 + rs[ri, R_AUTO]  # (2: its proxy may start in the kernels, _complete)
+    rs[ri, R_AUTO] = 0
     ops[op, O_LAST] = 1 if tp[b, 1] == 1 else 0
     if rs[ri, R_CTAIL] >= 0:
         ops[rs[ri, R_CTAIL], O_NEXT] = op
@@ -668,6 +696,11 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
         # compute stream's next op, the program) with this op's figures; kernel sends and receives first
         if ops[op, O_NDEP] and _release_sends(P, ri, op, t) == ST_RMISMATCH:
             return ST_RMISMATCH
+        if nxt < 0 and rs[ri, R_BEGIN] >= 0 and rs[ri, R_AUTO]:
+            _begin_pending(P, ri)  # (start_block's first step: the next block's first op, queued now)
+            nxt = rs[ri, R_CHEAD]
+        if nxt >= 0 and ops[nxt, O_GATE] == 2:
+            return _chain(P, ri, op, nxt, t)
         g[G_RET_RI] = ri
         g[G_RET_T] = t
         g[G_RET_TSTART] = ops[op, O_TSTART]
@@ -703,6 +736,40 @@ def _complete(P, rs, ops, of, rf, g, ri, op, t):
             return status
     else:
         _try_t(P, rs, ops, ri, t)
+    if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
+        g[G_RET_RI] = ri
+        g[G_RET_T] = t
+        return ST_RESUME
+    return ST_LIMIT
+
+
+@njit(cache=True)
+def _chain(P, ri, op, nxt, t):
+    """The block's last compute op ``op`` done at ``t`` and the next block's first op ``nxt`` is
+    the compute stream's next, its proxy waiting for nothing of Python's (O_GATE 2: Shard's
+    _launch_block_compiled): what Shard._complete does for the proxy (the counts of a compute
+    op, its FLOPs; no dependents, no trace, no lost time: the conditions of O_GATE 2) and its
+    _try_start of the next proxy (start_block: its first op ungated, the stream's loop), then
+    _complete's check of the program - here, with no stop; Python takes the proxies' own fields
+    where it next reads them (OpCore.settle: R_ADONE, R_ASTART)."""
+    rs = _i2(P, A_RS, R_FIELDS)
+    ops = _i2(P, A_OPS, O_FIELDS)
+    of = _f1(P, A_OF)
+    rf = _f1(P, A_RF)
+    g = _i1(P, A_G)
+    rs[ri, R_OUT] -= 1
+    rs[ri, R_OPSDONE] += 1
+    if t > rs[ri, R_LAST]:
+        rs[ri, R_LAST] = t
+    rs[ri, R_CNS] += t - ops[op, O_TSTART]
+    rf[ri] += of[op]
+    rs[ri, R_ADONE] += 1
+    rs[ri, R_ASTART] = t
+    g[G_PREL] = 0  # (as OpCore.block_done: the next op starts before the program's check)
+    ops[nxt, O_GATE] = 0
+    status = _try_c(P, ri, t)
+    if status != ST_LIMIT:
+        return status  # an instant op of the next block: Python goes on (OpCore.stopped), then the check
     if rs[ri, R_SUSP] and not rs[ri, R_SYNC] and rs[ri, R_OUT] <= g[G_MAXAHEAD] >> 1:
         g[G_RET_RI] = ri
         g[G_RET_T] = t

@@ -24,14 +24,15 @@ from emulator.errors import ConfigError
 
 # how the built-in program's plain pipeline steps run (emulator/engine/tape.py): from tapes with
 # their sends and receives in the op kernels, their sends only, their messages in Python ("1": the
-# same), or no tapes (the program launches every step itself); the results are the same
-TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps")
+# same), or no tapes (the program launches every step itself); ``steps`` fuses a step's kernel calls,
+# ``blocks`` (the default) also chains a tape's blocks in the kernels; the results are the same
+TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks")
 
 
 def tape_mode() -> str:
-    """The ``EMULATOR_TAPE`` of this process (``steps`` when unset), read in the driver into
+    """The ``EMULATOR_TAPE`` of this process (``blocks`` when unset), read in the driver into
     :attr:`EngineSettings.tape`; another value is a ConfigError (a typo would measure another mode)."""
-    mode = os.environ.get("EMULATOR_TAPE", "steps")
+    mode = os.environ.get("EMULATOR_TAPE", "blocks")
     if mode not in TAPE_MODES:
         raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(TAPE_MODES)}")
     return mode
@@ -66,7 +67,7 @@ class EngineSettings:
     # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
     # keep a job's stages whole; empty without jobs
     jobs: tuple[tuple[tuple[int, ...], int], ...] = ()
-    tape: str = "steps"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
+    tape: str = "blocks"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
 
     @classmethod
     def from_run_config(cls, config) -> EngineSettings:

@@ -36,7 +36,7 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
+from emulator.engine.opkernels import R_ADONE, R_AUTO, R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
 from emulator.engine.opmessages import KSENDS
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
@@ -45,6 +45,7 @@ from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
 from emulator.engine.tape import enabled as tape_enabled
 from emulator.engine.tape import fused_steps as tape_fused_steps
+from emulator.engine.tape import kernel_blocks as tape_kernel_blocks
 from emulator.engine.tape import kernel_receives as tape_kernel_receives
 from emulator.engine.tape import kernel_sends as tape_kernel_sends
 from emulator.engine.vgpu import VirtualGPU, oom_message
@@ -144,6 +145,10 @@ class Shard(PointToPoint, CollectiveExecution):
         self.kernel_receives = self.kernel_sends and self.shards == 1 and tape_kernel_receives(settings.tape)
         # and a step's block, send and next receive in one kernel call (OpCore.launch_step)
         self.fused_steps = self.kernel_sends and tape_fused_steps(settings.tape)
+        # a tape's block queued behind another starts in the kernels where that one ends, its proxy
+        # settled by Python later (EMULATOR_TAPE=blocks: opkernels._chain, OpCore.settle); one shard
+        # (the lookahead of several reads the compute streams' ops), the dedicated rules only
+        self.chain_blocks = self.kernel_receives and self.fused_steps and tape_kernel_blocks(settings.tape)
         if self.kernel_sends:
             self.ops_core.enable_sends()
         if self.ops_core is not None and self.dedicated:
@@ -265,6 +270,8 @@ class Shard(PointToPoint, CollectiveExecution):
             gpu.sync_op = None
         elif gpu.outstanding > self.max_ahead // 2:
             return
+        if self.chain_blocks and gpu._mv[R_ADONE]:
+            self.ops_core.settle(gpu)  # (the program reads the compute stream)
         if self.tapes:
             tape = self.tapes.get(gpu.rank)
             if tape is not None:
@@ -511,6 +518,15 @@ class Shard(PointToPoint, CollectiveExecution):
                     else:
                         dep.dependents.append(op)
         op.deps_left = left
+        if self.chain_blocks:
+            # its proxy may start in the kernels where the block before it ends (opkernels._chain):
+            # it waits for nothing of Python's, and the op before it is a running or queued block's
+            # proxy that nothing of Python's waits for (nor can: the program holds no proxy, and
+            # later ops wait for the stream's last), on a rank whose time no fault changes
+            faults = self.compute_faults
+            gpu._mv[R_AUTO] = 1 if (not left and last is not None and last.kind == BLOCK and not last.done
+                                    and last.dependents is None
+                                    and (faults is None or gpu.rank not in faults.ranks)) else 0  # fmt: skip
         # (a proxy's ``a`` is its least duration, already as launched: opcore.OpCore._template)
         launched = stream.launched_ns = stream.launched_ns + op.a
         dl = delay + op.a
@@ -595,6 +611,8 @@ class Shard(PointToPoint, CollectiveExecution):
             gpu.mem_used += block.size_bytes
             gpu.allocations.add(block)
             if gpu.mem_used > gpu.capacity_bytes:
+                if self.chain_blocks:
+                    self.ops_core.settle(gpu)  # (the message lists the live allocations)
                 raise OutOfMemoryError(oom_message(gpu, block, t))
             if gpu.mem_used > gpu.mem_peak:
                 gpu.mem_peak = gpu.mem_used
@@ -916,6 +934,7 @@ class Shard(PointToPoint, CollectiveExecution):
     def blocked(self) -> list[dict]:
         """What every unfinished rank is stuck on (for deadlock reports)."""
         self.stats.flush()  # the compiled engine's share of the ranks' latest times (opcore.CompiledGPU)
+        # (and the proxies the kernels completed themselves settled: OpCore.settle, via its flush)
         if self.kernel_sends:
             self.ops_core.show_sends()  # the kernels' sends as the streams' ops
         return blocked_ranks(self)

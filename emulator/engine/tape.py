@@ -35,18 +35,34 @@ kernels (its proxy then waits for nothing of Python's). So a step's send and rec
 after their launch but that one call. The shard's streams hold one stand-in op meanwhile; Python
 hands a stream back where it launches on it or waits for every stream (OpCore.seal, drained).
 
-With ``EMULATOR_TAPE=steps`` (the default) a step's launches after its block's proxy take one
+With ``EMULATOR_TAPE=steps`` a step's launches after its block's proxy take one
 kernel call (OpCore.launch_step, opkernels.launch_step): the block's rest, its send and the next
 step's receive, where no Python would run between them (the block launched to its end with no
 instant op stopping it, the program not to be suspended in between: their checks, made before the
 call, see what they would see after the block); else as many calls as with ``kernel``. A proxy is
 still a Python op, started by a kernel call of its own where it becomes its stream's head.
 
+With ``EMULATOR_TAPE=blocks`` (the default; one shard, as the receives) a block queued behind
+another starts in the kernels where that one ends, and that one's proxy completes there too
+(opkernels._chain, and _instant for a block ending with an alloc or free: the same counts, event
+keys and order), where its proxy waits for nothing of Python's and nothing of Python's waits for
+the proxy before it (Shard._launch_block_compiled writes R_AUTO, the block's first op takes O_GATE
+2; not on a rank whose time a fault changes). The program's check after the ended proxy is the
+kernels' (ST_RESUME); where the Python rules would resume the program before the next block starts
+(a block ending with a free, no receive released at once) the kernels stop as before (ST_IBLOCK).
+Python's copy of the compute stream lags meanwhile - done proxies still queued, the running one not
+marked started - and OpCore.settle brings it up to date where Python next reads it: a block's end
+the kernels hand to Python, an instant op's stop, the program's resumption, an out-of-memory
+report, a deadlock report and the figures (ShardStats.flush). What a lagging copy could change
+does not happen meanwhile: a done proxy had no dependents, no Python op can become the head behind
+a running block, and the lengths Shard.launch compares are above one either way.
+
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
 ``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
-each, ``steps`` (the default) as ``kernel`` with a step's calls fused:
-tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs these ways, bit for bit.
+each, ``steps`` as ``kernel`` with a step's calls fused, ``blocks`` (the default) as ``steps`` with
+its blocks chained: tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs
+these ways, bit for bit.
 The driver reads it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every
 shard runs that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
 """
@@ -69,20 +85,28 @@ def enabled(mode: str | None = None) -> bool:
 
 def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
-    its receives (``kernel``, or ``steps``, the default); a tape in Python with ``python`` (or ``1``)."""
-    return (mode or _mode()) in ("sends", "kernel", "steps")
+    its receives (``kernel``, ``steps``, or ``blocks``, the default); a tape in Python with ``python`` (or ``1``)."""
+    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks")
 
 
 def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
-    ``steps``, the default; one shard only: Shard.kernel_receives)."""
-    return (mode or _mode()) in ("kernel", "steps")
+    ``steps``, or ``blocks``, the default; one shard only: Shard.kernel_receives)."""
+    return (mode or _mode()) in ("kernel", "steps", "blocks")
 
 
 def fused_steps(mode: str | None = None) -> bool:
     """Whether a step's block, its send and the next step's receive are launched in one kernel call
-    (``EMULATOR_TAPE=steps``, the default; OpCore.launch_step) rather than one call each (``kernel``)."""
-    return (mode or _mode()) == "steps"
+    (``EMULATOR_TAPE=steps``, or ``blocks``, the default; OpCore.launch_step) rather than one call each
+    (``kernel``)."""
+    return (mode or _mode()) in ("steps", "blocks")
+
+
+def kernel_blocks(mode: str | None = None) -> bool:
+    """Whether a step's block queued behind another starts in the kernels where that one ends, its
+    proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opkernels._chain and
+    OpCore.settle; one shard only: Shard.chain_blocks)."""
+    return (mode or _mode()) == "blocks"
 
 
 class Tape:

@@ -47,10 +47,15 @@ def kernel_sent(monkeypatch):
     launch_recv, and launch_step: ``stepped`` counts its calls that took a message), and how many
     stand-ins Python sealed with messages in flight and the kernels
     handed back (OpCore.drained)."""
-    counts = {"sent": 0, "received": 0, "drained": 0, "stepped": 0}
+    counts = {"sent": 0, "received": 0, "drained": 0, "stepped": 0, "chained": 0}
     launch_send, launch_recv = engine_opcore.OpCore.launch_send, engine_opcore.OpCore.launch_recv
     launch_step = engine_opcore.OpCore.launch_step
     drained = engine_opcore.OpCore.drained
+    settle = engine_opcore.OpCore.settle
+
+    def counting_settle(self, gpu):  # (the proxies the kernels completed themselves: EMULATOR_TAPE=blocks)
+        counts["chained"] += int(gpu._mv[engine_opcore.k.R_ADONE])
+        return settle(self, gpu)
 
     def counting(self, gpu, message, name):
         took = launch_send(self, gpu, message, name)
@@ -78,6 +83,7 @@ def kernel_sent(monkeypatch):
     monkeypatch.setattr(engine_opcore.OpCore, "launch_send", counting)
     monkeypatch.setattr(engine_opcore.OpCore, "launch_recv", counting_recv)
     monkeypatch.setattr(engine_opcore.OpCore, "drained", counting_drained)
+    monkeypatch.setattr(engine_opcore.OpCore, "settle", counting_settle)
     return counts
 
 
@@ -98,9 +104,12 @@ def _run(base: str, overrides: list[str], tape: bool | str, monkeypatch, shards:
 
 def _kernels(base: str, overrides: list[str], monkeypatch, shards: int = 1):
     """The run with the tapes' messages in the kernels, one kernel call per launch (``kernel``) and a
-    step's block, send and next receive in one call (``steps``, OpCore.launch_step): both alike."""
+    step's block, send and next receive in one call (``steps``, OpCore.launch_step), and a block
+    queued behind another started and its proxy completed in the kernels (``blocks``,
+    opkernels._chain, OpCore.settle): all alike."""
     kernel = _run(base, overrides, "kernel", monkeypatch, shards)
     assert kernel == _run(base, overrides, "steps", monkeypatch, shards), (base, overrides, "steps")
+    assert kernel == _run(base, overrides, "blocks", monkeypatch, shards), (base, overrides, "blocks")
     return kernel
 
 
@@ -124,27 +133,31 @@ def _cases(seed: int, count: int):
         yield base, overrides
 
 
-def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None) -> None:
+def _check(seed: int, count: int, taped, monkeypatch, kernel_sent=None, chains: bool = False) -> None:
     """Each case with tapes and without; with ``kernel_sent``, with the tapes' sends in the kernels too."""
-    took = sent = stepped = 0
+    took = sent = stepped = chained = 0
     for base, overrides in _cases(seed, count):
         before = taped[0]
         on = _run(base, overrides, True, monkeypatch)
         took += taped[0] > before
         assert on == _run(base, overrides, False, monkeypatch), (base, overrides)
         if kernel_sent is not None:
-            before = kernel_sent["sent"], kernel_sent["received"], kernel_sent["stepped"]
+            before = kernel_sent["sent"], kernel_sent["received"], kernel_sent["stepped"], kernel_sent["chained"]
             assert on == _kernels(base, overrides, monkeypatch), (base, overrides, "kernel")
             sent += kernel_sent["sent"] > before[0] and kernel_sent["received"] > before[1]
             stepped += kernel_sent["stepped"] > before[2]
+            chained += kernel_sent["chained"] > before[3]
     assert took, "no case ran a tape"
     assert kernel_sent is None or sent, "no case sent and received in the kernels"
     assert kernel_sent is None or stepped, "no case launched a step's messages with its block (launch_step)"
+    # (a seed whose cases all launch few ops ahead queues no block behind another: the default
+    # seeds chain, test_tape_blocks.py covers both ends)
+    assert not chains or chained, "no case chained a block in the kernels (EMULATOR_TAPE=blocks)"
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_fuzzed_pipelines_match_the_program(seed, taped, kernel_sent, monkeypatch):
-    _check(seed, 3, taped, monkeypatch, kernel_sent)
+    _check(seed, 3, taped, monkeypatch, kernel_sent, chains=True)
 
 
 @pytest.mark.slow

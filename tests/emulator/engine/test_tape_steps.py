@@ -59,4 +59,5 @@ def test_every_end_of_a_fused_step_matches(extra, ends, monkeypatch):
     assert ends <= set(seen), seen
     assert steps[0] != "OutOfMemoryError", steps
     assert steps == _run(args, "kernel", monkeypatch)
+    assert steps == _run(args, "blocks", monkeypatch)
     assert steps == _run(args, "0", monkeypatch)
