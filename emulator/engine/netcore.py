@@ -18,7 +18,8 @@ import numpy as np
 
 from emulator.config.schema import ClusterConfig
 from emulator.engine.events import INF
-from emulator.engine.netkernels import (
+from emulator.engine.netkernels import deliver_records, rehash, run_events, send_message, start_receive, start_run
+from emulator.engine.netlayout import (
     ACTIVE,
     BUCKET,
     C_PENDING,
@@ -75,14 +76,8 @@ from emulator.engine.netkernels import (
     TOP_RANK,
     TOP_SEQ,
     TOP_T,
-    deliver_records,
-    rehash,
-    run_events,
-    send_message,
-    start_receive,
-    start_run,
-    timeline_add,
 )  # fmt: skip
+from emulator.engine.netstats import timeline_add
 from emulator.engine.stats import ShardStats
 from emulator.errors import EmulatorError
 from netmodel.collectives.base import OPS
@@ -92,6 +87,8 @@ KIND_INDEX = {name: i for i, name in enumerate(OPS)}
 # the message kinds of the size histograms (ShardStats.kind_hist): the collectives', then the sends'
 KINDS = (*OPS, "send")
 assert KINDS.index("send") == SEND_KIND, "netkernels.SEND_KIND follows netmodel's OPS"
+# NetCore.rid writes a route's row as (tier, latency, #up, #down, up links..., down links...)
+assert (RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS) == (0, 1, 2, 3, 4), "netlayout's route columns"
 
 
 class NetCore:
@@ -108,6 +105,7 @@ class NetCore:
         i64 = np.int64
         n_links, tiers, world = len(topo.link_bw), len(topo.tier_names), topo.world_size
         self.max_links = max(1, tiers)  # links of a route on one side: the NIC and one per tier above
+        self.link_bw = topo.link_bw  # bytes per ns (the slow-link factors of the whole run included)
         self.st = np.zeros(N_ST, i64)
         self.st[FOLD], self.st[SHARD], self.st[BUCKET] = fold, shard_index, bucket_ns
         size = self.INITIAL
@@ -203,22 +201,23 @@ class NetCore:
 
     # -- routes -------------------------------------------------------------------------------
     def rid(self, src: int, dst: int) -> int:
+        """The row of the route from ``src`` to ``dst`` in the route table (written at its first use)."""
         key = (src, dst)
         rid = self._rids.get(key)
         if rid is None:
-            route = self.topo.route(src, dst)
+            # (a run meets thousands of pairs: their rows are written from the topology's links
+            # without a Route object, in one write per table)
+            tier, latency_ns, up, down = self.topo.route_links(src, dst)
             rid = len(self._rids)
             if rid == self.rt.shape[0]:
                 self.rt = _grown(self.rt, 2 * rid)
                 self.rbw = _grown(self.rbw, 2 * rid)
                 self._pack()
-            row = self.rt[rid]
-            row[RT_TIER], row[RT_LAT], row[RT_NUP], row[RT_NDOWN] = (
-                route.tier, route.latency_ns, len(route.up), len(route.down))  # fmt: skip
-            assert len(route.up) <= self.max_links and len(route.down) <= self.max_links, route
-            row[RT_LINKS : RT_LINKS + len(route.up)] = route.up
-            row[RT_LINKS + len(route.up) : RT_LINKS + len(route.up) + len(route.down)] = route.down
-            self.rbw[rid] = (route.up_bw, route.down_bw)
+            assert len(up) <= self.max_links and len(down) <= self.max_links, (src, dst, up, down)
+            self.rt[rid, : RT_LINKS + len(up) + len(down)] = (tier, latency_ns, len(up), len(down), *up, *down)
+            bw = self.link_bw
+            # the slowest link of each side (Route.up_bw, Route.down_bw)
+            self.rbw[rid] = (min([bw[i] for i in up]), min([bw[i] for i in down]))
             self._rids[key] = rid
         return rid
 
@@ -301,9 +300,9 @@ class NetCore:
 
     def finished(self) -> tuple:
         """The run that the last call completed: ``(gpu, op, t)``."""
-        st = self.st
-        gpu, op = self.ops.pop(int(st[RET_RUN]))
-        t = int(st[RET_T])
+        st = self.stv  # (Python ints: a third of numpy's element access)
+        gpu, op = self.ops.pop(st[RET_RUN])
+        t = st[RET_T]
         self.note_collective(op, t)
         return gpu, op, t
 
@@ -317,7 +316,7 @@ class NetCore:
 
     def reset_if_idle(self) -> None:
         """No collective in progress: reuse the tables from the start (they only grow otherwise)."""
-        st = self.st
+        st = self.stv
         if st[ACTIVE] == 0 and st[N_RUNS]:
             assert not self.ops
             st[N_RUNS] = st[N_CHANS] = st[N_SEGS] = st[N_XFERS] = st[N_CNT] = 0
