@@ -51,6 +51,11 @@ C_RUN, C_SEG, C_SEG_END, C_REP, C_PENDING, C_TEND, C_RANK = range(7)
 S_SLO, S_SN, S_RLO, S_RN, S_REP = range(5)
 X_PEER, X_SIZE, X_CHAN, X_RID, X_CSLOT = range(5)
 RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then down links
+# a collective call's template (NetCore._template, netkernels.start_call), one int64 array: its
+# channels, segments, transfers, message counters, widest step and kind, then TP_HDR on, each
+# channel's (first segment, end segment, repeats of the first), each segment's S_* row and each
+# transfer's X_* row (segments and transfers numbered from the call's own first)
+TP_NCH, TP_NSEG, TP_NX, TP_NCNT, TP_MAXX, TP_KIND, TP_HDR = range(7)
 # HT_RECV: a point-to-point receive waiting (values: its id, its size, its start time)
 HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
 SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
