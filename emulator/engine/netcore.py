@@ -275,8 +275,8 @@ class NetCore:
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (a Python heap key: its first five fields) and ``horizon``;
         returns the status."""
-        # (called for nearly every message event: the status as the kernel's return value and the
-        # top's time through the memoryview, the checks of _read_top only where it is no time)
+        # (called for nearly every message event: the status is the kernel's return value, and
+        # _read_top's checks run only when the core's heap is empty or its top out of range)
         if limit is None:
             status = run_events(self.table, NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
