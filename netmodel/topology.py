@@ -162,18 +162,7 @@ class Topology:
         return route
 
     def _compute_route(self, src: int, dst: int) -> Route:
-        tier = self.tier_of(src, dst)
-        if tier == SCALE_UP_TIER:
-            up: tuple[int, ...] = (self.su_tx[src],)
-            down: tuple[int, ...] = (self.su_rx[dst],)
-            latency = self.su_latency_ns[self.rank_node[src]]
-        else:
-            a, b = self.rank_node[src], self.rank_node[dst]
-            rail_a = self.rank_local[src] % len(self.nic_tx[a])
-            rail_b = self.rank_local[dst] % len(self.nic_rx[b])
-            up = (self.nic_tx[a][rail_a], *self.up[a][rail_a][: tier - 1])
-            down = (*reversed(self.down[b][rail_b][: tier - 1]), self.nic_rx[b][rail_b])
-            latency = self.tier_latency_ns[tier]
+        tier, latency, up, down = self.route_links(src, dst)
         return Route(
             tier=tier,
             up=up,
@@ -182,6 +171,20 @@ class Topology:
             up_bw=min(self.link_bw[i] for i in up),
             down_bw=min(self.link_bw[i] for i in down),
         )
+
+    def route_links(self, src: int, dst: int) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+        """``(tier, latency_ns, up, down)`` of the route from ``src`` to ``dst``, not cached: for
+        callers that keep their own table of routes (netcore.NetCore.rid: a row per pair) and would
+        only pay for a :class:`Route` built and kept here."""
+        tier = self.tier_of(src, dst)
+        if tier == SCALE_UP_TIER:
+            return tier, self.su_latency_ns[self.rank_node[src]], (self.su_tx[src],), (self.su_rx[dst],)
+        a, b = self.rank_node[src], self.rank_node[dst]
+        rail_a = self.rank_local[src] % len(self.nic_tx[a])
+        rail_b = self.rank_local[dst] % len(self.nic_rx[b])
+        up = (self.nic_tx[a][rail_a], *self.up[a][rail_a][: tier - 1])
+        down = (*reversed(self.down[b][rail_b][: tier - 1]), self.nic_rx[b][rail_b])
+        return tier, self.tier_latency_ns[tier], up, down
 
     def min_cross_node_latency_ns(self) -> int:
         """Lookahead of the conservative protocol: no cross-node message arrives sooner."""

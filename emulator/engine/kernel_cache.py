@@ -2,9 +2,10 @@
 
 numba keeps a compiled function in its cache under the stamp of the one file that defines it
 (its content's hash), and checks nothing else: a kernel that calls a jitted function of another
-module, or reads a constant of another module (netkernels reads the event kinds of
-emulator/engine/events.py), keeps its cached machine code after that other file changes - a
-stale kernel that gives silently wrong results, on the machine of whoever edited the file. Here
+module, or reads a constant of another module (netlayout reads the event kinds of
+emulator/engine/events.py; netkernels inlines the kernels of the modules it is split into), keeps
+its cached machine code after that other file changes - a stale kernel that gives silently wrong
+results, on the machine of whoever edited the file. Here
 every kernel of the files in :data:`SOURCES` is stamped with the hash of all of them together, so
 a change to any one recompiles them all (about 50 s of CPU, once, as on a fresh machine).
 
@@ -32,7 +33,13 @@ SOURCES = tuple(
     for path in (
         "emulator/engine/events.py",
         "emulator/engine/kernel_memory.py",
+        "emulator/engine/netheap.py",
         "emulator/engine/netkernels.py",
+        "emulator/engine/netlayout.py",
+        "emulator/engine/netlinks.py",
+        "emulator/engine/netmailbox.py",
+        "emulator/engine/netmessages.py",
+        "emulator/engine/netstats.py",
         "emulator/engine/opkernels.py",
         "emulator/results/textrows.py",
     )

@@ -18,16 +18,11 @@ import numpy as np
 
 from emulator.config.schema import ClusterConfig
 from emulator.engine.events import INF
-from emulator.engine.netkernels import (
+from emulator.engine.netkernels import deliver_records, rehash, run_events, send_message, start_call, start_receive
+from emulator.engine.netlayout import (
     ACTIVE,
     BUCKET,
-    C_PENDING,
-    C_RANK,
-    C_REP,
     C_RUN,
-    C_SEG,
-    C_SEG_END,
-    C_TEND,
     EVENTS,
     FOLD,
     GROW,
@@ -56,15 +51,12 @@ from emulator.engine.netkernels import (
     RT_NDOWN,
     RT_NUP,
     RT_TIER,
-    S_RLO,
-    S_SLO,
     SEND_KIND,
     SEND_ROOM,
     SEQ_COL,
     SHARD,
     SIG_BITS,
     SIG_MASK,
-    STATUS,
     TABLE,
     TABLE_2D,
     TABLE_COLS,
@@ -75,14 +67,12 @@ from emulator.engine.netkernels import (
     TOP_RANK,
     TOP_SEQ,
     TOP_T,
-    deliver_records,
-    rehash,
-    run_events,
-    send_message,
-    start_receive,
-    start_run,
-    timeline_add,
+    TP_HDR,
+    TP_NCNT,
+    TP_NSEG,
+    TP_NX,
 )  # fmt: skip
+from emulator.engine.netstats import timeline_add
 from emulator.engine.stats import ShardStats
 from emulator.errors import EmulatorError
 from netmodel.collectives.base import OPS
@@ -92,6 +82,10 @@ KIND_INDEX = {name: i for i, name in enumerate(OPS)}
 # the message kinds of the size histograms (ShardStats.kind_hist): the collectives', then the sends'
 KINDS = (*OPS, "send")
 assert KINDS.index("send") == SEND_KIND, "netkernels.SEND_KIND follows netmodel's OPS"
+# NetCore.rid writes a route's row as (tier, latency, #up, #down, up links..., down links...)
+assert (RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS) == (0, 1, 2, 3, 4), "netlayout's route columns"
+# NetCore.top_key reads the top's key as one slice of st
+assert (TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ) == tuple(range(TOP_T + 1, TOP_T + 5)), "netlayout's top slots"
 
 
 class NetCore:
@@ -108,6 +102,7 @@ class NetCore:
         i64 = np.int64
         n_links, tiers, world = len(topo.link_bw), len(topo.tier_names), topo.world_size
         self.max_links = max(1, tiers)  # links of a route on one side: the NIC and one per tier above
+        self.link_bw = topo.link_bw  # bytes per ns (the slow-link factors of the whole run included)
         self.st = np.zeros(N_ST, i64)
         self.st[FOLD], self.st[SHARD], self.st[BUCKET] = fold, shard_index, bucket_ns
         size = self.INITIAL
@@ -152,6 +147,7 @@ class NetCore:
         self.pidx = np.zeros(1, i64)
         self.px = np.zeros((1, 5), i64)  # send_message's scratch transfer row
         self.stv = memoryview(self.st)  # the top's time at a third of numpy's element access
+        self.topv = self.stv[TOP_T : TOP_SEQ + 1]  # the top's key (top_key)
         self.recvs: dict[int, tuple] = {}  # a waiting receive's id -> (gpu, op)
         self.recv_ids = 0
         self._rids: dict[tuple[int, int], int] = {}
@@ -198,112 +194,107 @@ class NetCore:
         return float(times.min()) if len(times) else INF
 
     def top_key(self) -> tuple:
-        st = self.stv  # (Python ints from the memoryview: the shard's loop compares these keys often)
-        return st[TOP_T], st[TOP_KIND], st[TOP_RANK], st[TOP_ORIGIN], st[TOP_SEQ]
+        """The key of the core's next event (the shard's loop compares it with its heaps' keys)."""
+        # (Python ints: the slots' view as a list, then a tuple - a third of the time of five reads)
+        return tuple(self.topv.tolist())
 
     # -- routes -------------------------------------------------------------------------------
     def rid(self, src: int, dst: int) -> int:
+        """The row of the route from ``src`` to ``dst`` in the route table (written at its first use)."""
         key = (src, dst)
         rid = self._rids.get(key)
         if rid is None:
-            route = self.topo.route(src, dst)
+            # (a run meets thousands of pairs: their rows are written from the topology's links
+            # without a Route object, in one write per table)
+            tier, latency_ns, up, down = self.topo.route_links(src, dst)
             rid = len(self._rids)
             if rid == self.rt.shape[0]:
                 self.rt = _grown(self.rt, 2 * rid)
                 self.rbw = _grown(self.rbw, 2 * rid)
                 self._pack()
-            row = self.rt[rid]
-            row[RT_TIER], row[RT_LAT], row[RT_NUP], row[RT_NDOWN] = (
-                route.tier, route.latency_ns, len(route.up), len(route.down))  # fmt: skip
-            assert len(route.up) <= self.max_links and len(route.down) <= self.max_links, route
-            row[RT_LINKS : RT_LINKS + len(route.up)] = route.up
-            row[RT_LINKS + len(route.up) : RT_LINKS + len(route.up) + len(route.down)] = route.down
-            self.rbw[rid] = (route.up_bw, route.down_bw)
+            assert len(up) <= self.max_links and len(down) <= self.max_links, (src, dst, up, down)
+            self.rt[rid, : RT_LINKS + len(up) + len(down)] = (tier, latency_ns, len(up), len(down), *up, *down)
+            bw = self.link_bw
+            # the slowest link of each side (Route.up_bw, Route.down_bw)
+            self.rbw[rid] = (min([bw[i] for i in up]), min([bw[i] for i in down]))
             self._rids[key] = rid
         return rid
 
     # -- collectives --------------------------------------------------------------------------
     def _template(self, rank: int, op) -> tuple:
-        """Rows of a member's call (channels, segments, transfers, counters), cached per call."""
+        """A member's call as the kernels' template (netlayout's TP_* layout: its channels, segments,
+        transfers and counters in one int64 array) and its number of channels; cached per call."""
         key = (id(op.a), op.b.name)
         cached = self._templates.get(key)
         if cached is not None and cached[0] is op.a:
             return cached[1]
-        chans, segs, xfs, slots, maxx = [], [], [], {}, 0
+        chans, segs, xfs, slots, maxx, nseg, nx = [], [], [], {}, 0, 0, 0
+        rid = self.rid
         for channel in op.b.segments(op.a, self.topo):
-            first = len(segs)
+            first, rep = nseg, 0
             for sends, recvs, repeat in channel:
-                s_lo = len(xfs)
+                if nseg == first:
+                    rep = repeat  # the channel's first segment's repeats
+                s_lo = nx
                 for peer, size, chan in sends:
-                    xfs.append((peer, size, chan, self.rid(rank, peer), slots.setdefault((0, peer, chan), len(slots))))
-                r_lo = len(xfs)
+                    xfs += (peer, size, chan, rid(rank, peer), slots.setdefault((0, peer, chan), len(slots)))
+                nx += len(sends)
+                r_lo = nx
                 for peer, size, chan in recvs:
-                    xfs.append((peer, size, chan, -1, slots.setdefault((1, peer, chan), len(slots))))
-                segs.append((s_lo, len(sends), r_lo, len(recvs), repeat))
+                    xfs += (peer, size, chan, -1, slots.setdefault((1, peer, chan), len(slots)))
+                nx += len(recvs)
+                segs += (s_lo, len(sends), r_lo, len(recvs), repeat)
+                nseg += 1
                 maxx = max(maxx, len(sends), len(recvs))
-            chans.append((first, len(segs), segs[first][4] if len(segs) > first else 0))
-        template = (
-            np.array(chans, np.int64).reshape(-1, 3),
-            np.array(segs, np.int64).reshape(-1, 5),
-            np.array(xfs, np.int64).reshape(-1, 5),
-            len(slots),
-            maxx,
-        )
+            chans += (first, nseg, rep)
+        nch = len(chans) // 3
+        head = (nch, nseg, nx, len(slots), maxx, KIND_INDEX[op.a.op])
+        template = (np.array((*head, *chans, *segs, *xfs), np.int64), nch)
         self._templates[key] = (op.a, template)
         return template
 
     def start(self, gpu, op, t: int) -> int:
         """Start ``op`` (a collective) for ``gpu`` at ``t``; returns the kernel status, or -1 when
         the call has no channels (the shard completes it at once)."""
-        chans_t, segs_t, xf_t, n_cnt, maxx = self._template(gpu.rank, op)
-        if not len(chans_t):
+        tp, nch = self._template(gpu.rank, op)
+        if not nch:
             return -1
-        st = self.st
-        if maxx > st[MAXX]:
-            st[MAXX] = maxx
-        run, c0, s0, x0, k0 = (int(v) for v in st[[N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT]])
-        nch, nseg, nx = len(chans_t), len(segs_t), len(xf_t)
-        self._ensure(run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt, nch * (int(st[MAXX]) + 2) + SEND_ROOM)
-        st[N_RUNS], st[N_CHANS], st[N_SEGS], st[N_XFERS], st[N_CNT] = run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt
-        gid, cseq = op.c
-        self.runs[run] = (gid, cseq, op.d & SIG_MASK, op.d >> SIG_BITS, nch, 0, gpu.rank, KIND_INDEX[op.a.op],
-                          c0, nch, k0)  # fmt: skip
-        chans = self.chans[c0 : c0 + nch]
-        chans[:, C_RUN] = run
-        chans[:, C_SEG] = chans_t[:, 0] + s0
-        chans[:, C_SEG_END] = chans_t[:, 1] + s0
-        chans[:, C_REP] = chans_t[:, 2]
-        chans[:, C_PENDING] = 0
-        chans[:, C_TEND] = 0
-        chans[:, C_RANK] = gpu.rank
-        segs = self.segs[s0 : s0 + nseg]
-        segs[:] = segs_t
-        segs[:, S_SLO] += x0
-        segs[:, S_RLO] += x0
-        self.xf[x0 : x0 + nx] = xf_t
-        self.cnt[k0 : k0 + n_cnt] = 0
+        st = self.stv
+        run = st[N_RUNS]
         self.ops[run] = (gpu, op)
-        start_run(self.table, run, t)
+        sig, (gid, cseq) = op.d, op.c
+        status = start_call(self.table, tp, gid, cseq, sig & SIG_MASK, sig >> SIG_BITS, gpu.rank, t)
+        if status == GROW:  # nothing done but the widest step noted: grow the tables, then start
+            self._ensure(run + 1, st[N_CHANS] + nch, st[N_SEGS] + tp[TP_NSEG], st[N_XFERS] + tp[TP_NX],
+                         st[N_CNT] + tp[TP_NCNT], nch * (st[MAXX] + 2) + SEND_ROOM)  # fmt: skip
+            status = start_call(self.table, tp, gid, cseq, sig & SIG_MASK, sig >> SIG_BITS, gpu.rank, t)
+            assert status != GROW, "NetCore._ensure grows what netkernels.start_call tests"
         self._read_top()
-        return st.item(STATUS)
+        return status
 
     def run(self, limit: tuple | None, horizon: int) -> int:
-        """Process events before ``limit`` (a Python heap key) and ``horizon``; returns the status."""
+        """Process events before ``limit`` (a Python heap key: its first five fields) and ``horizon``;
+        returns the status."""
+        # (called for nearly every message event: the status is the kernel's return value, and
+        # _read_top's checks run only when the core's heap is empty or its top out of range)
         if limit is None:
-            run_events(self.table, NO_LIMIT, 0, 0, 0, 0, horizon)
+            status = run_events(self.table, NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
-        self._read_top()
-        status = self.stv[STATUS]
+            status = run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
+        t = self.stv[TOP_T]
+        if 0 <= t < NO_LIMIT:
+            self.top = t
+        else:
+            self._read_top()
         if status == GROW:
             self._ensure(0, 0, 0, 0, 0, int(self.st[MAXX]) + 2 + SEND_ROOM)
         return status
 
     def finished(self) -> tuple:
         """The run that the last call completed: ``(gpu, op, t)``."""
-        st = self.st
-        gpu, op = self.ops.pop(int(st[RET_RUN]))
-        t = int(st[RET_T])
+        st = self.stv  # (Python ints: a third of numpy's element access)
+        gpu, op = self.ops.pop(st[RET_RUN])
+        t = st[RET_T]
         self.note_collective(op, t)
         return gpu, op, t
 
@@ -317,7 +308,7 @@ class NetCore:
 
     def reset_if_idle(self) -> None:
         """No collective in progress: reuse the tables from the start (they only grow otherwise)."""
-        st = self.st
+        st = self.stv
         if st[ACTIVE] == 0 and st[N_RUNS]:
             assert not self.ops
             st[N_RUNS] = st[N_CHANS] = st[N_SEGS] = st[N_XFERS] = st[N_CNT] = 0
@@ -515,8 +506,8 @@ def warm_up() -> None:
     core.attach_events(np.zeros((1, 1), np.int64), np.zeros(topo.world_size, np.int64), 0)
     core.send(0, 1, 1, 0, 0, 0)
     core.receive(_Recv0(), _Recv0(), 1, 0, 0, 0)
-    start_run(core.table, 0, 0)  # a run without channels
-    core.st[ACTIVE] = 0
+    start_call(core.table, np.zeros(TP_HDR, np.int64), 0, 0, 0, 0, 0, 0)  # a call without channels
+    core.st[ACTIVE] = core.st[N_RUNS] = 0
     deliver_records(core.st, core.heap, core.msg, core.mfree, np.zeros((0, 12), np.int64), np.zeros(0, np.int64))
     rehash(core.htk, core.htv, core.hts, core.htk.copy(), core.htv.copy(), core.hts.copy(), core.st)
     timeline_add(core.tl, core.pend, core.st, 0, 1, 1, 0, 1, 1000)

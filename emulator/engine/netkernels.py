@@ -19,525 +19,149 @@ hand-over) is ``(delivery or the receive's start, EV_OP_DONE, rank, rank, seq)``
 taken from the rank's one event counter at the hand-over (``pseq``: the per-op engine's rank rows,
 shared with the Python rules), as p2p.PointToPoint._handover takes it.
 
-State is a set of numpy arrays (no numba containers: unboxing those costs microseconds per call):
-a binary heap, a message store with a free list, an open-addressing hash table for the mailbox and
-the waiting receives, tables of runs, channels, segments and transfers, route tables, the link
-state shared with the shard (``lfree``) and statistics. A kernel that could overflow an array
-returns ``GROW`` before touching anything (see ``_room``); the caller enlarges the arrays.
-
-The address-to-pointer intrinsic comes from kernel_memory.py, shared with the op kernels; numba's
-cache notices changes to a function's own file only, so kernel_cache.py stamps every kernel file
-with all of them (an edit of kernel_memory.py recompiles these kernels too).
+The kernels are split by what they model: netlayout.py names the arrays (the slots of ``st``, the
+tables' columns, the statuses, the one table of addresses every entry point takes), netheap.py is
+the event heap, netmailbox.py the hash table of messages and waiting receivers, netlinks.py the link
+model, netstats.py the message statistics and netmessages.py a message's injection, hand-over and
+receive matching. This module holds the collective steps and the entry points Python calls, and
+re-exports the names the other engine modules take from it (``__all__``). The modules call each
+other in one direction only (layout <- heap, mailbox, links, statistics <- messages <- here): numba
+compiles kernels that call each other in a cycle but crashes loading them from its cache.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numba import carray, njit
+from numba import njit
 
-from emulator.engine import events, kernel_cache  # noqa: F401 - kernel_cache: before any kernel (its module doc)
-from emulator.engine.kernel_memory import void_ptr as _void_ptr
+from emulator.engine import kernel_cache  # noqa: F401 - kernel_cache: before any kernel (its module doc)
+from emulator.engine.netheap import _pop, _push, _set_top, _top_before
+from emulator.engine.netlayout import (
+    ACTIVE,
+    C_PENDING,
+    C_RANK,
+    C_REP,
+    C_RUN,
+    C_SEG,
+    C_SEG_END,
+    C_TEND,
+    COMPLETE,
+    EV_HANDOVER,
+    EV_OP_DONE,
+    EV_STEP,
+    EVENTS,
+    GROW,
+    HEAP_N,
+    HT_FILL,
+    HT_MSG,
+    HT_RECV,
+    HT_WAITER,
+    M_DST,
+    M_RID,
+    M_SEQ,
+    M_SRC,
+    M_T,
+    MAXX,
+    MFREE_N,
+    MISMATCH,
+    MSG_N,
+    N_CHANS,
+    N_CNT,
+    N_RUNS,
+    N_SEGS,
+    N_XFERS,
+    NO_LIMIT,
+    OK,
+    OUT_N,
+    PEND_N,
+    R_CLO,
+    R_CNT,
+    R_CSEQ,
+    R_GID,
+    R_KIND,
+    R_LEFT,
+    R_NCH,
+    R_RANK,
+    R_SIG_HI,
+    R_SIG_LO,
+    R_TEND,
+    RECV_DONE,
+    RET_PEER,
+    RET_RANK,
+    RET_RUN,
+    RET_SEQ,
+    RET_SIG_LO,
+    RET_T,
+    S_REP,
+    S_RLO,
+    S_RN,
+    S_SLO,
+    S_SN,
+    SEND_KIND,
+    SEND_ROOM,
+    STATUS,
+    T_HEAP,
+    T_HTK,
+    T_HTS,
+    T_HTV,
+    T_KHIST,
+    T_LBW,
+    T_LFREE,
+    T_LSTAT,
+    T_LWF,
+    T_LWNS,
+    T_LWP,
+    T_MFREE,
+    T_MSEQ,
+    T_MSG,
+    T_OUTB,
+    T_PEND,
+    T_PX,
+    T_RANK_SHARD,
+    T_RBW,
+    T_RT,
+    T_ST,
+    T_TL,
+    T_TSTAT,
+    TABLE,
+    TABLE_COLS,
+    TOP_KIND,
+    TOP_ORIGIN,
+    TOP_RANK,
+    TOP_SEQ,
+    TOP_T,
+    TP_HDR,
+    TP_KIND,
+    TP_MAXX,
+    TP_NCH,
+    TP_NCNT,
+    TP_NSEG,
+    TP_NX,
+    X_CHAN,
+    X_CSLOT,
+    X_PEER,
+    X_RID,
+    X_SIZE,
+    _f1,
+    _f2,
+    _i1,
+    _i2,
+    _views,
+)
+from emulator.engine.netlinks import _finish
+from emulator.engine.netmailbox import _ht_delete, _ht_find, _ht_insert, rehash
+from emulator.engine.netmessages import _handover, _inject, _mismatch
+from emulator.engine.netstats import timeline_add
 
-# The event kinds, as literals: numba freezes globals into cached kernels and only notices changes
-# to this file, so a change in events.py must fail here rather than reorder events silently.
-EV_HANDOVER, EV_STEP, EV_OP_DONE = 0, 1, 2
-assert (EV_HANDOVER, EV_STEP, EV_OP_DONE) == (events.EV_HANDOVER, events.EV_STEP, events.EV_OP_DONE), (
-    "update netkernels' event kinds")
-
-# -- scalar slots of ``st`` -------------------------------------------------------------------
-(HEAP_N, EVENTS, MSG_N, MFREE_N, HT_FILL, N_RUNS, N_CHANS, N_SEGS, N_XFERS, N_CNT, ACTIVE, OUT_N,
- PEND_N, STATUS, RET_RUN, RET_T, RET_RANK, RET_PEER, RET_SIG_LO, RET_SIG_HI, FOLD, SHARD, BUCKET,
- MAXX, TOP_T, TOP_KIND, TOP_RANK, TOP_ORIGIN, TOP_SEQ, SEQ_COL, RET_SEQ, N_ST) = range(32)  # fmt: skip
-# RECV_DONE: a point-to-point receive completed (RET_RUN: its id, RET_T, RET_RANK, RET_SEQ: its
-# event's key is (RET_T, EV_OP_DONE, RET_RANK, RET_RANK, RET_SEQ)); RECV_MISMATCH:
-# a message met a waiting receive of another size (RET_RUN, RET_RANK, RET_PEER: the sender,
-# RET_SIG_LO: the message's size, RET_T: the hand-over)
-OK, COMPLETE, MISMATCH, GROW, RECV_DONE, RECV_MISMATCH = 0, 1, 2, 3, 4, 5
-SIG_BITS = 62  # signatures are Python ints up to 2^64: kept as two int64 halves
-SIG_MASK = (1 << SIG_BITS) - 1
-NO_LIMIT = 1 << 62  # "no horizon" / "no Python event" as an int64
-TIMELINE_MAX_SLOTS = 1 << 22  # beyond this many time buckets, the timeline is kept by ShardStats
-HIST = 66  # size-histogram buckets: 0 B, then (2^(b-1), 2^b] for b = 1..65
-
-# columns
-M_T, M_DST, M_SRC, M_SEQ, M_SIZE, M_ENDUP, M_GID, M_CSEQ, M_CHAN, M_K, M_SIG_LO, M_SIG_HI, M_RID = range(13)
-R_GID, R_CSEQ, R_SIG_LO, R_SIG_HI, R_LEFT, R_TEND, R_RANK, R_KIND, R_CLO, R_NCH, R_CNT = range(11)
-C_RUN, C_SEG, C_SEG_END, C_REP, C_PENDING, C_TEND, C_RANK = range(7)
-S_SLO, S_SN, S_RLO, S_RN, S_REP = range(5)
-X_PEER, X_SIZE, X_CHAN, X_RID, X_CSLOT = range(5)
-RT_TIER, RT_LAT, RT_NUP, RT_NDOWN, RT_LINKS = range(5)  # then up links, then down links
-# HT_RECV: a point-to-point receive waiting (values: its id, its size, its start time)
-HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
-SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
-SEND_ROOM = 16  # messages the arrays keep free after any call (_room; opkernels.NET_LOW)
-
-
-# -- the entry points' one argument: a table of the arrays -------------------------------------
-# numba's dispatcher checks and unboxes each array argument of a call (about 0.1-0.15 us apiece):
-# with the thirty arrays of the core a call cost ~2.5 us, and a run calls the core for every
-# point-to-point send, receive and completion. So the entry points take one int64 table of
-# ``(data address, rows, columns)`` per array (TABLE, in this order; NetCore._pack writes it, and
-# again whenever an array is replaced by a larger one) and scalars, and view the arrays from it.
-# A table of addresses rather than one buffer holding the arrays (as opkernels' H_* buffers do):
-# the link state belongs to the link model (netmodel/links.py) and ``pseq`` to the per-op engine,
-# which both keep using their own numpy arrays, and nothing is copied when an array grows.
-#
-# Views without reference counts: an array numba receives from Python carries a reference count
-# that numba updates with an atomic instruction whenever a variable takes the array: at every call
-# of a helper (and at every inlined one's arguments), tens per event, which took two thirds of a
-# ring's time. A view made from the data pointer (carray) has no count to update. The arrays stay
-# alive in NetCore for the whole call (NetCore.args holds every array the table names; they are
-# replaced only between calls, when grown) and are C-contiguous with the dtype and the number of
-# dimensions given below (NetCore._pack checks both).
-TABLE = ("st", "heap", "msg", "mfree", "htk", "htv", "hts", "runs", "chans", "segs", "xf", "cnt", "rt", "rbw",
-         "lbw", "lfree", "lwp", "lwns", "lwf", "lstat", "tstat", "khist", "tl", "pend", "rank_shard", "cseqs",
-         "mseq", "outb", "pseq", "pidx", "px")  # fmt: skip
-# the arrays of TABLE that are 2-D, and those of float64 (the others are int64): _views' description
-TABLE_2D = frozenset(("heap", "msg", "htk", "htv", "runs", "chans", "segs", "xf", "rt", "rbw", "lwns", "lstat",
-                      "tstat", "khist", "tl", "pend", "outb", "pseq", "px"))  # fmt: skip
-TABLE_FLOAT = frozenset(("rbw", "lbw", "lwf"))
-TABLE_COLS = 3  # a table row: data address, rows, columns (1 for a 1-D array)
-(T_ST, T_HEAP, T_MSG, T_MFREE, T_HTK, T_HTV, T_HTS, T_RUNS, T_CHANS, T_SEGS, T_XF, T_CNT, T_RT, T_RBW, T_LBW, T_LFREE,
- T_LWP, T_LWNS, T_LWF, T_LSTAT, T_TSTAT, T_KHIST, T_TL, T_PEND, T_RANK_SHARD, T_CSEQS, T_MSEQ, T_OUTB, T_PSEQ, T_PIDX,
- T_PX) = range(len(TABLE))  # fmt: skip
-
-
-@njit(cache=True, inline="always")
-def _i1(p, i):
-    """Array ``i`` of the table (1-D int64) as a view."""
-    return carray(_void_ptr(p[3 * i]), p[3 * i + 1], np.int64)
-
-
-@njit(cache=True, inline="always")
-def _i2(p, i):
-    """Array ``i`` of the table (2-D int64) as a view."""
-    return carray(_void_ptr(p[3 * i]), (p[3 * i + 1], p[3 * i + 2]), np.int64)
-
-
-@njit(cache=True, inline="always")
-def _f1(p, i):
-    return carray(_void_ptr(p[3 * i]), p[3 * i + 1], np.float64)
-
-
-@njit(cache=True, inline="always")
-def _f2(p, i):
-    return carray(_void_ptr(p[3 * i]), (p[3 * i + 1], p[3 * i + 2]), np.float64)
-
-
-@njit(cache=True, inline="always")
-def _views(p):
-    """The arrays of the table ``p`` (TABLE's order) as views: one description for every entry
-    point (inlined: no call, and the views carry no counts to update)."""
-    return (_i1(p, T_ST), _i2(p, T_HEAP), _i2(p, T_MSG), _i1(p, T_MFREE), _i2(p, T_HTK), _i2(p, T_HTV),
-            _i1(p, T_HTS), _i2(p, T_RUNS), _i2(p, T_CHANS), _i2(p, T_SEGS), _i2(p, T_XF), _i1(p, T_CNT),
-            _i2(p, T_RT), _f2(p, T_RBW), _f1(p, T_LBW), _i1(p, T_LFREE), _i1(p, T_LWP), _i2(p, T_LWNS),
-            _f1(p, T_LWF), _i2(p, T_LSTAT), _i2(p, T_TSTAT), _i2(p, T_KHIST), _i2(p, T_TL), _i2(p, T_PEND),
-            _i1(p, T_RANK_SHARD), _i1(p, T_CSEQS), _i1(p, T_MSEQ), _i2(p, T_OUTB), _i2(p, T_PSEQ), _i1(p, T_PIDX),
-            _i2(p, T_PX))  # fmt: skip
-
-
-# -- heap ---------------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _less(a0, a1, a2, a3, a4, heap, r) -> bool:
-    """Whether the key ``(a0, .., a4)`` precedes heap row ``r`` (row views would cost refcounts)."""
-    if a0 != heap[r, 0]:
-        return a0 < heap[r, 0]
-    if a1 != heap[r, 1]:
-        return a1 < heap[r, 1]
-    if a2 != heap[r, 2]:
-        return a2 < heap[r, 2]
-    if a3 != heap[r, 3]:
-        return a3 < heap[r, 3]
-    return a4 < heap[r, 4]
-
-
-@njit(cache=True, inline="always")
-def _push(heap, st, t, kind, rank, origin, seq, payload):
-    i = st[HEAP_N]
-    st[HEAP_N] = i + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if _less(t, kind, rank, origin, seq, heap, p):
-            for j in range(6):
-                heap[i, j] = heap[p, j]
-            i = p
-        else:
-            break
-    heap[i, 0] = t
-    heap[i, 1] = kind
-    heap[i, 2] = rank
-    heap[i, 3] = origin
-    heap[i, 4] = seq
-    heap[i, 5] = payload
-
-
-@njit(cache=True, inline="always")
-def _pop(heap, st):
-    """Remove the top row; the caller has read it."""
-    n = st[HEAP_N] - 1
-    st[HEAP_N] = n
-    if n == 0:
-        return
-    a0, a1, a2, a3, a4, a5 = heap[n, 0], heap[n, 1], heap[n, 2], heap[n, 3], heap[n, 4], heap[n, 5]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and _less(heap[c + 1, 0], heap[c + 1, 1], heap[c + 1, 2], heap[c + 1, 3], heap[c + 1, 4], heap, c):
-            c += 1
-        if _less(a0, a1, a2, a3, a4, heap, c):
-            break
-        for j in range(6):
-            heap[i, j] = heap[c, j]
-        i = c
-    heap[i, 0] = a0
-    heap[i, 1] = a1
-    heap[i, 2] = a2
-    heap[i, 3] = a3
-    heap[i, 4] = a4
-    heap[i, 5] = a5
-
-
-# -- hash table: (dst, gid, call #, chan, src, k) -> message or waiting channel ------------------
-# Linear probing with backward-shift deletion (no tombstones, so probes stay short however many
-# messages pass through).
-@njit(cache=True, inline="always")
-def _hash(k0, k1, k2, k3, k4, k5, mask):
-    h = np.uint64(k0) * np.uint64(0x9E3779B97F4A7C15)
-    h = (h ^ np.uint64(k1)) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ np.uint64(k2)) * np.uint64(0x94D049BB133111EB)
-    h = (h ^ np.uint64(k3)) * np.uint64(0x9E3779B97F4A7C15)
-    h = (h ^ np.uint64(k4)) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ np.uint64(k5)) * np.uint64(0x94D049BB133111EB)
-    # splitmix64's finaliser: the products above only carry low bits upwards, and the table is
-    # indexed by the low bits (ring neighbours' keys would cluster into long probe runs)
-    h ^= h >> np.uint64(30)
-    h *= np.uint64(0xBF58476D1CE4E5B9)
-    h ^= h >> np.uint64(27)
-    h *= np.uint64(0x94D049BB133111EB)
-    h ^= h >> np.uint64(31)
-    return np.int64(h & np.uint64(mask))
-
-
-@njit(cache=True, inline="always")
-def _ht_find(htk, hts, state, k0, k1, k2, k3, k4, k5):
-    """Slot holding the key with ``state``, or -1."""
-    mask = htk.shape[0] - 1
-    i = _hash(k0, k1, k2, k3, k4, k5, mask)
-    while True:
-        s = hts[i]
-        if s == HT_EMPTY:
-            return -1
-        if (s == state and htk[i, 4] == k4 and htk[i, 5] == k5 and htk[i, 0] == k0 and htk[i, 1] == k1
-                and htk[i, 2] == k2 and htk[i, 3] == k3):  # fmt: skip
-            return i
-        i = (i + 1) & mask
-
-
-@njit(cache=True, inline="always")
-def _ht_insert(htk, hts, st, state, k0, k1, k2, k3, k4, k5):
-    """Insert a key known to be absent; returns its slot."""
-    mask = htk.shape[0] - 1
-    i = _hash(k0, k1, k2, k3, k4, k5, mask)
-    while hts[i] != HT_EMPTY:
-        i = (i + 1) & mask
-    st[HT_FILL] += 1
-    hts[i] = state
-    htk[i, 0] = k0
-    htk[i, 1] = k1
-    htk[i, 2] = k2
-    htk[i, 3] = k3
-    htk[i, 4] = k4
-    htk[i, 5] = k5
-    return i
-
-
-@njit(cache=True, inline="always")
-def _ht_delete(htk, htv, hts, st, i):
-    """Empty slot ``i``, moving back the entries of its probe run that would become unreachable."""
-    mask = htk.shape[0] - 1
-    st[HT_FILL] -= 1
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if hts[j] == HT_EMPTY:
-            break
-        h = _hash(htk[j, 0], htk[j, 1], htk[j, 2], htk[j, 3], htk[j, 4], htk[j, 5], mask)
-        # the entry at j may move to i unless its home h lies cyclically in (i, j]
-        if (i < j and i < h <= j) or (i > j and (h > i or h <= j)):
-            continue
-        hts[i] = hts[j]
-        for c in range(6):
-            htk[i, c] = htk[j, c]
-        for c in range(4):
-            htv[i, c] = htv[j, c]
-        i = j
-    hts[i] = HT_EMPTY
-
-
-@njit(cache=True)
-def rehash(htk, htv, hts, nk, nv, ns, st):
-    """Move every entry into the larger (empty) table ``nk, nv, ns``."""
-    st[HT_FILL] = 0
-    for i in range(hts.shape[0]):
-        s = hts[i]
-        if s != HT_EMPTY:
-            j = _ht_insert(nk, ns, st, s, htk[i, 0], htk[i, 1], htk[i, 2], htk[i, 3], htk[i, 4], htk[i, 5])
-            for c in range(4):
-                nv[j, c] = htv[i, c]
-
-
-# -- accounting ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _bit_length(x):
-    b = 0
-    while x > 0:
-        x >>= 1
-        b += 1
-    return b
-
-
-@njit(cache=True, inline="always")
-def timeline_add(tl, pend, st, tier, size, count, t, t_end, bucket):
-    """ShardStats.messages' timeline rule (bytes spread pro rata over the buckets a message spans);
-    rows beyond ``tl`` or at risk of int64 overflow go to ``pend`` for Python to add exactly."""
-    slot = t // bucket
-    single = t_end <= t or (t_end - 1) // bucket == slot
-    last = slot if single else (t_end - 1) // bucket
-    if last >= tl.shape[1] or (not single and size > 0 and t_end - t > (NO_LIMIT // size)):
-        n = st[PEND_N]
-        st[PEND_N] = n + 1
-        pend[n, 0] = tier
-        pend[n, 1] = size
-        pend[n, 2] = count
-        pend[n, 3] = t
-        pend[n, 4] = t_end
-        return
-    if single:
-        tl[tier, slot] += size * count
-        return
-    done = 0
-    for s in range(slot, last + 1):
-        part = size * (min(t_end, (s + 1) * bucket) - t) // (t_end - t) - done
-        tl[tier, s] += part * count
-        done += part
-
-
-# -- the link model (netmodel/links.py, LinkModel: the same rules, in the same order of operations,
-# so that both engines give the same figures bit for bit) ----------------------------------------
-@njit(cache=True, inline="always")
-def _finish(lbw, lwp, lwns, lwf, links, size, start):
-    """LinkModel.finish_ns: when ``size`` bytes put on ``links`` at ``start`` have left the slowest
-    of them, the pace piecewise constant between the edges of the links' slow-link windows."""
-    t = start
-    left = np.float64(size)
-    while True:
-        rate = np.inf
-        edge = NO_LIMIT
-        for link in links:
-            f = 1.0
-            for w in range(lwp[link], lwp[link + 1]):
-                w_start, w_end = lwns[w, 0], lwns[w, 1]
-                if w_start <= t < w_end:
-                    f *= lwf[w]
-                    if w_end < edge:
-                        edge = w_end
-                elif t < w_start < edge:
-                    edge = w_start
-            r = lbw[link] * f
-            if r < rate:
-                rate = r
-        if edge >= NO_LIMIT or (edge - t) * rate >= left:
-            return t + np.int64(-((-left) // rate))
-        left -= (edge - t) * rate
-        t = edge
-
-
-@njit(cache=True, inline="always")
-def _windowed(lwp, links):
-    """Whether a link of ``links`` has slow-link windows (LinkModel.side_ns's test)."""
-    if lwp[lwp.shape[0] - 1] == 0:
-        return False
-    for link in links:
-        if lwp[link + 1] > lwp[link]:
-            return True
-    return False
-
-
-@njit(cache=True, inline="always")
-def _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, first, count, size, start, arrival):
-    wait = start - arrival
-    windows = lwp[lwp.shape[0] - 1] > 0
-    for j in range(count):
-        link = rt[rid, first + j]
-        if windows and lwp[link + 1] > lwp[link]:
-            dur = _finish(lbw, lwp, lwns, lwf, rt[rid, first + j : first + j + 1], size, start) - start
-        else:
-            dur = np.int64(-((-size) // lbw[link]))
-        lfree[link] = start + dur
-        lstat[0, link] += size
-        lstat[1, link] += dur
-        lstat[2, link] += 1
-        if wait > lstat[3, link]:
-            lstat[3, link] = wait
-
-
-@njit(cache=True, inline="always")
-def _queued(lstat, blocker, wait):
-    """Queueing delay: a message that waited ``wait`` ns for a busy link is charged to the link
-    whose free time set its start (the latest free of its route's links), once per route side."""
-    if blocker >= 0:
-        lstat[4, blocker] += wait
-        lstat[5, blocker] += 1
-
-
-# -- messages -----------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def _write_msg(arr, i, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid):
-    arr[i, M_T] = t_hand
-    arr[i, M_DST] = dst
-    arr[i, M_SRC] = src
-    arr[i, M_SEQ] = seq
-    arr[i, M_SIZE] = size
-    arr[i, M_ENDUP] = end_up
-    arr[i, M_GID] = gid
-    arr[i, M_CSEQ] = cseq
-    arr[i, M_CHAN] = chan
-    arr[i, M_K] = k
-    arr[i, M_SIG_LO] = sig_lo
-    arr[i, M_SIG_HI] = sig_hi
-    arr[i, M_RID] = rid
-
-
-@njit(cache=True, inline="always")
-def _inject(st, heap, msg, mfree, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, tstat, khist, tl, pend, rank_shard, mseq,
-            outb, xf, x, src, gid, cseq, k, sig_lo, sig_hi, kind, t):  # fmt: skip
-    """Put transfer ``x``'s message on the sender's up-links at ``t``; returns when its tail has
-    left. (At most 30 arguments: CPython passes more as ``*args``, which numba cannot inline.)"""
-    dst, size, rid, chan = xf[x, X_PEER], xf[x, X_SIZE], xf[x, X_RID], xf[x, X_CHAN]
-    nup = rt[rid, RT_NUP]
-    start = t
-    blocker = -1
-    for j in range(nup):
-        link = rt[rid, RT_LINKS + j]
-        if lfree[link] > start:
-            start = lfree[link]
-            blocker = link
-    _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, RT_LINKS, nup, size, start, t)
-    _queued(lstat, blocker, start - t)
-    up = rt[rid, RT_LINKS : RT_LINKS + nup]
-    if _windowed(lwp, up):
-        end_up = _finish(lbw, lwp, lwns, lwf, up, size, start)
-    else:
-        end_up = start + np.int64(-((-size) // rbw[rid, 0]))
-    seq = mseq[src] + 1
-    mseq[src] = seq
-    # accounting (ShardStats.messages): a representative's message stands for ``fold`` of them
-    tier = rt[rid, RT_TIER]
-    count = st[FOLD]
-    tstat[tier, 0] += size * count
-    tstat[tier, 1] += count
-    b = _bit_length(size - 1) if size > 0 else 0
-    tstat[tier, 2 + b] += count
-    khist[kind, b] += count
-    timeline_add(tl, pend, st, tier, size, count, start, end_up, st[BUCKET])
-    t_hand = start + rt[rid, RT_LAT]
-    shard = rank_shard[dst]
-    if shard == st[SHARD]:
-        if st[MFREE_N] > 0:
-            st[MFREE_N] -= 1
-            m = mfree[st[MFREE_N]]
-        else:
-            m = st[MSG_N]
-            st[MSG_N] = m + 1
-        _write_msg(msg, m, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid)
-        _push(heap, st, t_hand, EV_HANDOVER, dst, src, seq, m)
-    else:
-        o = st[OUT_N]
-        st[OUT_N] = o + 1
-        _write_msg(outb, o, t_hand, dst, src, seq, size, end_up, gid, cseq, chan, k, sig_lo, sig_hi, rid)
-        outb[o, 13] = shard
-    return end_up
-
-
-@njit(cache=True, inline="always")
-def _mismatch(st, run, rank, peer, sig_lo, sig_hi, t):
-    st[STATUS] = MISMATCH
-    st[RET_RUN] = run
-    st[RET_RANK] = rank
-    st[RET_PEER] = peer
-    st[RET_SIG_LO] = sig_lo
-    st[RET_SIG_HI] = sig_hi
-    st[RET_T] = t
-
-
-@njit(cache=True, inline="always")
-def _handover(st, heap, msg, mfree, htk, htv, hts, runs, chans, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat, cseqs, pseq,
-              pidx, m, t):  # fmt: skip
-    rid = msg[m, M_RID]
-    size = msg[m, M_SIZE]
-    nup = rt[rid, RT_NUP]
-    ndown = rt[rid, RT_NDOWN]
-    start = t
-    blocker = -1
-    for j in range(ndown):
-        link = rt[rid, RT_LINKS + nup + j]
-        if lfree[link] > start:
-            start = lfree[link]
-            blocker = link
-    down = rt[rid, RT_LINKS + nup : RT_LINKS + nup + ndown]
-    if _windowed(lwp, down):
-        end_down = _finish(lbw, lwp, lwns, lwf, down, size, start)
-    else:
-        end_down = start + np.int64(-((-size) // rbw[rid, 1]))
-    _reserve(lfree, lstat, lbw, lwp, lwns, lwf, rt, rid, RT_LINKS + nup, ndown, size, start, t)
-    _queued(lstat, blocker, start - t)
-    delivery = max(msg[m, M_ENDUP] + rt[rid, RT_LAT], end_down)
-    dst, src = msg[m, M_DST], msg[m, M_SRC]
-    gid, cseq, chan, k = msg[m, M_GID], msg[m, M_CSEQ], msg[m, M_CHAN], msg[m, M_K]
-    sig_lo, sig_hi = msg[m, M_SIG_LO], msg[m, M_SIG_HI]
-    mfree[st[MFREE_N]] = m
-    st[MFREE_N] += 1
-    # a point-to-point message (group id 0, p2p.PointToPoint._handover) meets a waiting receive
-    i = _ht_find(htk, hts, HT_WAITER if gid != 0 else HT_RECV, dst, gid, cseq, chan, src, k)
-    if i >= 0 and gid == 0:
-        recv, want, t_start = htv[i, 0], htv[i, 1], htv[i, 2]
-        _ht_delete(htk, htv, hts, st, i)
-        if want != size:
-            st[STATUS] = RECV_MISMATCH
-            st[RET_RUN] = recv
-            st[RET_RANK] = dst
-            st[RET_PEER] = src
-            st[RET_SIG_LO] = size
-            st[RET_T] = t
-            return
-        # the receive's completion takes the rank's one event counter now, as Shard._push would
-        row = pidx[dst]
-        s = pseq[row, st[SEQ_COL]] + 1
-        pseq[row, st[SEQ_COL]] = s
-        _push(heap, st, max(delivery, t_start), EV_OP_DONE, dst, dst, s, recv)
-        return
-    if i < 0:
-        j = _ht_insert(htk, hts, st, HT_MSG, dst, gid, cseq, chan, src, k)
-        htv[j, 0] = delivery
-        htv[j, 1] = size
-        htv[j, 2] = sig_lo
-        htv[j, 3] = sig_hi
-        return
-    c = htv[i, 0]
-    _ht_delete(htk, htv, hts, st, i)
-    run = chans[c, C_RUN]
-    if sig_lo != runs[run, R_SIG_LO] or sig_hi != runs[run, R_SIG_HI]:
-        _mismatch(st, run, dst, src, sig_lo, sig_hi, t)
-        return
-    chans[c, C_PENDING] -= 1
-    if delivery > chans[c, C_TEND]:
-        chans[c, C_TEND] = delivery
-    if chans[c, C_PENDING] == 0:
-        s = cseqs[dst] + 1
-        cseqs[dst] = s
-        _push(heap, st, chans[c, C_TEND], EV_STEP, dst, dst, s, c)
+# the names other modules take from here (opkernels, shard, p2p, collective_run, opcore, tests): the
+# entry points, and the layout and helpers of the split modules as they were before the split
+__all__ = [
+    "COMPLETE", "GROW", "HEAP_N", "HT_FILL", "HT_MSG", "HT_RECV", "MAXX", "MISMATCH", "MSG_N", "NO_LIMIT", "OUT_N",
+    "PEND_N", "RECV_DONE", "RET_PEER", "RET_RANK", "RET_RUN", "RET_SEQ", "RET_SIG_LO", "RET_T", "SEND_KIND",
+    "SEND_ROOM", "TABLE", "TABLE_COLS", "TOP_KIND", "TOP_ORIGIN", "TOP_RANK", "TOP_SEQ", "TOP_T", "T_HEAP", "T_HTK",
+    "T_MSG", "T_OUTB", "T_PEND", "T_ST", "X_CHAN", "X_PEER", "X_RID", "X_SIZE", "_finish", "_ht_delete", "_ht_find",
+    "_ht_insert", "_inject", "_set_top", "_views", "deliver_records", "rehash", "run_events", "send_message",
+    "start_receive", "start_call", "timeline_add",
+]  # fmt: skip
 
 
 @njit(cache=True, inline="always")
@@ -616,32 +240,6 @@ def _room(st, heap, msg, htk, outb, pend):
             and st[PEND_N] + need <= pend.shape[0])  # fmt: skip
 
 
-@njit(cache=True, inline="always")
-def _top_before(heap, l0, l1, l2, l3, l4) -> bool:
-    """Whether the heap's top key precedes ``(l0, .., l4)``."""
-    if heap[0, 0] != l0:
-        return heap[0, 0] < l0
-    if heap[0, 1] != l1:
-        return heap[0, 1] < l1
-    if heap[0, 2] != l2:
-        return heap[0, 2] < l2
-    if heap[0, 3] != l3:
-        return heap[0, 3] < l3
-    return heap[0, 4] < l4
-
-
-@njit(cache=True, inline="always")
-def _set_top(st, heap):
-    if st[HEAP_N] == 0:
-        st[TOP_T] = -1
-        return
-    st[TOP_T] = heap[0, 0]
-    st[TOP_KIND] = heap[0, 1]
-    st[TOP_RANK] = heap[0, 2]
-    st[TOP_ORIGIN] = heap[0, 3]
-    st[TOP_SEQ] = heap[0, 4]
-
-
 # nogil: a long call (a flat ring over thousands of GPUs runs for minutes in one) would otherwise hold
 # the interpreter lock throughout, and netcore.prepare_kernels' thread, compiling the other kernels
 # after a first run, could not progress beside it (the progress line said "compiling kernels" to the
@@ -650,6 +248,7 @@ def _set_top(st, heap):
 def run_events(p, l0, l1, l2, l3, l4, horizon):
     """Process the core's events before ``horizon`` whose keys precede ``(l0, .., l4)`` (the
     Python heap's top); stop after an event that needs Python (STATUS) or when an array is full.
+    Returns the status (also in ``st[STATUS]``).
     ``p``: the table of the core's arrays (TABLE)."""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
      tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, _) = _views(p)  # fmt: skip
@@ -679,22 +278,73 @@ def run_events(p, l0, l1, l2, l3, l4, horizon):
         if st[STATUS] != OK:
             break
     _set_top(st, heap)
+    return st[STATUS]
 
 
 @njit(cache=True, nogil=True)
-def start_run(p, run, t):
-    """A member starts a collective at ``t``: the first step of each of its channels, in order."""
+def start_call(p, tp, gid, cseq, sig_lo, sig_hi, rank, t):
+    """A member starts a collective at ``t`` (NetCore.start): its call's rows from the template
+    ``tp`` (netlayout's TP_* layout: NetCore._template), put after the tables' rows in use, then the
+    first step of each of its channels, in order. Returns the status, or GROW with nothing done
+    (but the widest step noted) when a table cannot take the call and the messages of its first
+    steps: NetCore._ensure's tests, which the caller then runs before calling again.
+    (One call for what took a dozen numpy writes in Python, each a microsecond.)"""
     (st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf, lstat,
      tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, pseq, pidx, _) = _views(p)  # fmt: skip
+    nch, nseg, nx, n_cnt = tp[TP_NCH], tp[TP_NSEG], tp[TP_NX], tp[TP_NCNT]
+    if tp[TP_MAXX] > st[MAXX]:
+        st[MAXX] = tp[TP_MAXX]
+    run, c0, s0, x0, k0 = st[N_RUNS], st[N_CHANS], st[N_SEGS], st[N_XFERS], st[N_CNT]
+    per_event = nch * (st[MAXX] + 2) + SEND_ROOM
+    if (run + 1 > runs.shape[0] or c0 + nch > chans.shape[0] or s0 + nseg > segs.shape[0] or x0 + nx > xf.shape[0]
+            or k0 + n_cnt > cnt.shape[0] or st[HEAP_N] + per_event > heap.shape[0]
+            or st[OUT_N] + per_event > outb.shape[0] or st[MSG_N] + per_event > msg.shape[0]
+            or st[PEND_N] + per_event > pend.shape[0] or 2 * (st[HT_FILL] + per_event) > htk.shape[0]):  # fmt: skip
+        return GROW
+    st[N_RUNS], st[N_CHANS], st[N_SEGS], st[N_XFERS], st[N_CNT] = run + 1, c0 + nch, s0 + nseg, x0 + nx, k0 + n_cnt
+    runs[run, R_GID] = gid
+    runs[run, R_CSEQ] = cseq
+    runs[run, R_SIG_LO] = sig_lo
+    runs[run, R_SIG_HI] = sig_hi
+    runs[run, R_LEFT] = nch
+    runs[run, R_TEND] = 0
+    runs[run, R_RANK] = rank
+    runs[run, R_KIND] = tp[TP_KIND]
+    runs[run, R_CLO] = c0
+    runs[run, R_NCH] = nch
+    runs[run, R_CNT] = k0
+    o = TP_HDR
+    for c in range(c0, c0 + nch):
+        chans[c, C_RUN] = run
+        chans[c, C_SEG] = tp[o] + s0
+        chans[c, C_SEG_END] = tp[o + 1] + s0
+        chans[c, C_REP] = tp[o + 2]
+        chans[c, C_PENDING] = 0
+        chans[c, C_TEND] = 0
+        chans[c, C_RANK] = rank
+        o += 3
+    for s in range(s0, s0 + nseg):
+        segs[s, S_SLO] = tp[o + S_SLO] + x0
+        segs[s, S_SN] = tp[o + S_SN]
+        segs[s, S_RLO] = tp[o + S_RLO] + x0
+        segs[s, S_RN] = tp[o + S_RN]
+        segs[s, S_REP] = tp[o + S_REP]
+        o += 5
+    for x in range(x0, x0 + nx):
+        for j in range(5):
+            xf[x, j] = tp[o + j]
+        o += 5
+    for k in range(k0, k0 + n_cnt):
+        cnt[k] = 0
     st[STATUS] = OK
     st[ACTIVE] += 1
-    lo = runs[run, R_CLO]
-    for c in range(lo, lo + runs[run, R_NCH]):
+    for c in range(c0, c0 + nch):
         _step(st, heap, msg, mfree, htk, htv, hts, runs, chans, segs, xf, cnt, rt, rbw, lbw, lfree, lwp, lwns, lwf,
               lstat, tstat, khist, tl, pend, rank_shard, cseqs, mseq, outb, c, t)  # fmt: skip
         if st[STATUS] != OK:
             break
     _set_top(st, heap)
+    return st[STATUS]
 
 
 @njit(cache=True, nogil=True)

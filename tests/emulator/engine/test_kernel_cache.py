@@ -112,3 +112,40 @@ def test_a_numba_without_the_locator_list_only_warns(numba_has, monkeypatch):
         assert kernel_cache.install(("never_a_kernel_file.py",)) is False
     assert list(impl._locator_classes) == before
     assert os.path.realpath("never_a_kernel_file.py") not in kernel_cache._groups
+
+
+def test_the_kernel_files_import_each_other_in_one_direction():
+    """numba compiles kernels of files that call each other in a cycle, but crashes loading them
+    from its cache: the project imports among the kernel files (netkernels and the modules it is
+    split into, opkernels, ...) form no cycle."""
+    listed = {Path(p).resolve() for p in kernel_cache.SOURCES}
+    edges = {path: {p.resolve() for p in _project_imports(path)} & listed for path in listed}
+    done: set[Path] = set()
+
+    def visit(path: Path, trail: tuple[Path, ...]) -> None:
+        assert path not in trail, f"kernel files import each other in a cycle: {[p.name for p in (*trail, path)]}"
+        if path not in done:
+            for callee in edges[path]:
+                visit(callee, (*trail, path))
+            done.add(path)
+
+    for path in sorted(listed):
+        visit(path, ())
+    netkernels = ROOT / "emulator" / "engine" / "netkernels.py"
+    assert {p.name for p in edges[netkernels]} >= {"netlayout.py", "netheap.py", "netmessages.py"}, "the scan is wrong"
+
+
+def test_netkernels_still_offers_every_name_taken_from_it():
+    """netkernels was split (netlayout, netheap, netmailbox, netlinks, netstats, netmessages); the
+    names other modules and tests import from it stay there, re-exported (``__all__``)."""
+    from emulator.engine import netkernels
+
+    taken = set()
+    for pkg in ("emulator", "netmodel", "actors", "benchmarks", "tests"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "emulator.engine.netkernels":
+                    taken.update(a.name for a in node.names)
+    assert {"_inject", "_views", "TABLE", "RECV_DONE"} <= taken, "the scan is wrong"
+    assert not taken - set(netkernels.__all__), sorted(taken - set(netkernels.__all__))
+    assert all(hasattr(netkernels, name) for name in netkernels.__all__)
