@@ -85,6 +85,7 @@ def training_program(config):
     overlapped_gather = dpar.gathers_after_step(p.zero_stage) and replicas > 1 and p.overlap_param_gather
     # the last microbatch's backward reduces its experts' gradients layer by layer
     expert_buckets = experts and dpar.expert_replicas(config) > 1 and bool(expert_grad_bytes)
+    suffixes = [f" mb{mb}" for mb in range(micro)]  # the compute ops' name suffixes (launch_prepared's)
     by_stage: dict[tuple[int, str], _Stage] = {}  # (stage, GPU type) -> what its ranks compute alike
     # a plain step's block (program.step_parts) as the first rank of a tensor group joined it, by
     # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
@@ -128,11 +129,14 @@ def training_program(config):
         last_stage = p.pipeline - 1
         actions = []
         buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
+        # the first and last stage's steps too (their embedding and logits segments join the block),
+        # but the last stage's with eager kernels (the loss's own allocation between the blocks)
+        final_plain = not (t.kernels == "eager")
         for is_forward, mb, chunk in schedule(stage, p.pipeline, micro, chunks):
-            plain = not ((stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1)
-                         or (not is_forward and mb == micro - 1 and buckets[chunk]))  # fmt: skip
+            plain = not ((not is_forward and mb == micro - 1 and buckets[chunk])
+                         or (not final_plain and stage == last_stage and chunk == chunks - 1))  # fmt: skip
             name = f"stage{stage}.activations.mb{mb}.chunk{chunk}" if is_forward and plain else None
-            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, f" mb{mb}"))
+            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, suffixes[mb]))
         facts.actions = actions
         return facts
 
@@ -378,36 +382,65 @@ def training_program(config):
 
         def step_parts(is_forward: bool, chunk: int) -> tuple | None:
             """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
-            backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
+            backward(mb, chunk) when it is plain, whatever the microbatch; else None. The first
+            stage's step has no receive (forward) or send (backward), the last stage's the converse."""
+            first = stage == 0 and chunk == 0
+            final = stage == last_stage and chunk == chunks - 1
             # the step's block as the first rank of this rank's groups (of its stage, GPU type and
             # segments) joined it: the same rows, hence the compiled engine's template (the members'
             # calls share their plans, opcore.OpCore._plan; a slow rank's entry is its own)
             share = (is_forward, chunk, stage, gpu.gpu_type, id(segs), group_ids)
             block = shared_blocks.get(share, False)
             if block is False:
-                if is_forward:
-                    size = act_layer * chunk_layers[chunk]
-                    block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
-                else:
-                    around = ()
-                    if full_layer:
-                        around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"),
-                                  ("f", 0, full_layer, None))  # fmt: skip
-                    after = (("f", 1, act_layer * chunk_layers[chunk], None),)
-                    block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
-                shared_blocks[share] = block
-            if is_forward:
-                src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
-            else:
-                src = pipe.receive_source(stage, False, p.pipeline)
-                tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
+                block = shared_blocks[share] = step_block(is_forward, chunk, first, final)
             known = None if block is None else gpu.tape_block(block)
             if known is None:
                 return None
-            dst, dst_chunk = neighbour(chunk, is_forward)
-            send = (prepared_message("send", dst, dst_chunk, "pp.send.fwd") if is_forward
-                    else prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
-            return prepared_message("recv", pp_ranks[src], tag, recv_stream), known, send
+            recv = send = None
+            if is_forward:
+                if not first:
+                    src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
+                    recv = prepared_message("recv", src, chunk, f"pp.recv.fwd{chunk}")
+                if not final:
+                    dst, dst_chunk = neighbour(chunk, True)
+                    send = prepared_message("send", dst, dst_chunk, "pp.send.fwd")
+            else:
+                if not final:
+                    src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
+                    recv = prepared_message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}")
+                if not first:
+                    dst, dst_chunk = neighbour(chunk, False)
+                    send = prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
+            return recv, known, send
+
+        def step_block(is_forward: bool, chunk: int, first: bool, final: bool) -> list | None:
+            """The one block of a plain step: the ops forward / backward launch between its receive
+            and its send, in their order - the activations' alloc, the embedding's segments (first
+            stage), the chunk's layers (join_layers), the logits' (last stage), then, backward, the
+            activations' free; None when they cannot be one block: a part before another ends with
+            an overlapped collective not waited for, which its own launch_prepared would forget
+            and the joined block's next "w" would wait for (repeat_prepared)."""
+            n = chunk_layers[chunk]
+            size = act_layer * n + (logits_bytes(config) if final and not eager else 0)
+            if is_forward:
+                parts = [[("a", 0, size, None)]]
+                if first:
+                    parts.append(prepared(segs.embedding_forward))
+                parts.append(join_layers(segs.layer_forward, n))
+                if final:
+                    parts.append(prepared(segs.logits_forward))
+            else:
+                around = ()
+                if full_layer:
+                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
+                parts = [prepared(segs.logits_backward)] if final else []
+                parts.append(join_layers(segs.layer_backward, n, around))
+                if first:
+                    parts.append(prepared(segs.embedding_backward))
+                parts.append([("f", 1, size, None)])
+            if any(part is None for part in parts) or any(repeat_prepared(part, 1) is None for part in parts[:-1]):
+                return None
+            return [row for part in parts for row in part]
 
         def tape_step(action: tuple):
             """The step forward(mb, chunk) or backward(mb, chunk) of ``action`` (stage_facts: its
