@@ -85,7 +85,14 @@ def training_program(config):
     overlapped_gather = dpar.gathers_after_step(p.zero_stage) and replicas > 1 and p.overlap_param_gather
     # the last microbatch's backward reduces its experts' gradients layer by layer
     expert_buckets = experts and dpar.expert_replicas(config) > 1 and bool(expert_grad_bytes)
-    suffixes = [f" mb{mb}" for mb in range(micro)]  # the compute ops' name suffixes (launch_prepared's)
+    # what every stage's schedule actions (stage_facts) share: the compute ops' name suffixes
+    # (launch_prepared's), the activations' keys and their names' tails, the backward actions
+    suffixes = [f" mb{mb}" for mb in range(micro)]
+    step_keys = [[(mb, c) for c in range(p.virtual_stages)] for mb in range(micro)]
+    name_tails = [[f"{mb}.chunk{c}" for c in range(p.virtual_stages)] for mb in range(micro)]
+    backward_actions = {plain: [[(False, mb, c, plain, step_keys[mb][c], None, suffixes[mb])
+                                 for c in range(p.virtual_stages)] for mb in range(micro)]
+                        for plain in (False, True)}  # fmt: skip
     by_stage: dict[tuple[int, str], _Stage] = {}  # (stage, GPU type) -> what its ranks compute alike
     # a plain step's block (program.step_parts) as the first rank of a tensor group joined it, by
     # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
@@ -131,12 +138,20 @@ def training_program(config):
         buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
         # the first and last stage's steps too (their embedding and logits segments join the block),
         # but the last stage's with eager kernels (the loss's own allocation between the blocks)
-        final_plain = not (t.kernels == "eager")
+        eager_final = [t.kernels == "eager" and stage == last_stage and c == chunks - 1 for c in range(chunks)]
+        prefix = f"stage{stage}.activations.mb"  # (+ "<mb>.chunk<chunk>": the activations' name)
+        append = actions.append
+        # (a stage walks micro x chunks x 2 actions: 1,024 for each of the reference's 64 stages;
+        # the backward ones are every stage's alike but for ``plain``: shared, as the keys and suffixes)
         for is_forward, mb, chunk in schedule(stage, p.pipeline, micro, chunks):
-            plain = not ((not is_forward and mb == micro - 1 and buckets[chunk])
-                         or (not final_plain and stage == last_stage and chunk == chunks - 1))  # fmt: skip
-            name = f"stage{stage}.activations.mb{mb}.chunk{chunk}" if is_forward and plain else None
-            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, suffixes[mb]))
+            if is_forward:
+                if eager_final[chunk]:
+                    append((True, mb, chunk, False, step_keys[mb][chunk], None, suffixes[mb]))
+                else:
+                    append((True, mb, chunk, True, step_keys[mb][chunk], prefix + name_tails[mb][chunk], suffixes[mb]))
+            else:
+                plain = not ((mb == micro - 1 and buckets[chunk]) or eager_final[chunk])
+                append(backward_actions[plain][mb][chunk])
         facts.actions = actions
         return facts
 
