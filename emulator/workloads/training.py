@@ -98,6 +98,9 @@ def training_program(config):
     # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
     # hand the engine that block, whose entry (OpCore.known) it has made once
     shared_blocks: dict[tuple, list | None] = {}
+    # a prepared block (program.prepared) as the first rank of a tensor group prepared it, by
+    # (id(segments), GPU type, the groups' ids): program.run_segments
+    shared_prepared: dict[tuple, list] = {}
 
     def stage_facts(stage: int, gpu) -> _Stage:
         """What every rank of ``stage`` on a GPU of ``gpu``'s type computes alike (its layers,
@@ -214,7 +217,22 @@ def training_program(config):
             return block
 
         def run_segments(segments, suffix: str) -> None:
-            launch_prepared(gpu, prepared(segments), suffix)
+            # the block as the first rank of this rank's groups prepared it, where the compiled
+            # engine takes it (its entry is made once for the group, not once per member: opcore.
+            # OpCore.known; the members' calls share their plans, as step_parts' blocks); else,
+            # launched op by op, the rank's own calls
+            shared = group_prepared(segments) if shares else None
+            if shared is None or not gpu.launch_block(shared, None, suffix):
+                launch_prepared(gpu, prepared(segments), suffix)
+
+        shares = gpu.takes_tapes()  # (the engine's entries: a compiled per-op engine, an untraced rank)
+
+        def group_prepared(segments) -> list:
+            key = (id(segments), gpu.gpu_type, group_ids)
+            block = shared_prepared.get(key)
+            if block is None:
+                block = shared_prepared[key] = prepared(segments)
+            return block
 
         def run_layers(segments, layers: int, suffix: str) -> bool:
             """``layers`` layers of ``segments`` back to back, launched as one block (the same ops as
