@@ -135,7 +135,7 @@ def training_program(config):
         facts.root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
                               if root_params else [])
         # the schedule's actions, each with whether it can be a tape's step whatever the rank (the
-        # static half of the program's tape_step conditions), its activations' key and name and its ops' name suffix
+        # static half of the program's run_steps conditions), its activations' key and name and its ops' name suffix
         last_stage = p.pipeline - 1
         actions = []
         buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
@@ -475,25 +475,38 @@ def training_program(config):
                 return None
             return [row for part in parts for row in part]
 
-        def tape_step(action: tuple):
-            """The step forward(mb, chunk) or backward(mb, chunk) of ``action`` (stage_facts: its
-            schedule's) launches when it is plain (see tape.py; the conditions are theirs: the
-            static ones, no embedding or logits and no gradient buckets, are the action's), else
-            None."""
-            is_forward, mb, chunk, plain, key, name, suffix = action
-            if not plain or (is_forward and gathers and gathers.get(chunk)):
-                return None
-            parts = (forward_parts if is_forward else backward_parts)[chunk]
-            if parts is False:
-                parts = (forward_parts if is_forward else backward_parts)[chunk] = step_parts(is_forward, chunk)
-            if parts is None:
-                return None
-            recv, known, send = parts
-            if is_forward:
-                if gathers:
-                    gathers.pop(chunk, None)
-                return recv, known, key, name, None, send, suffix
-            return recv, known, None, None, key, send, suffix
+        def run_steps(i: int) -> int:
+            """Launch the plain steps among the actions from ``i`` on (stage_facts: its schedule's)
+            from tapes, 16 steps at most to a tape (a tape holds its steps until it ends: peak
+            memory), up to the first that is not; returns its index. A step forward(mb, chunk) or
+            backward(mb, chunk) launches when it is plain (see tape.py; the conditions are theirs:
+            the static ones, no gradient buckets, are the action's; here the dynamic ones: no
+            overlapped weight gather to wait for, a block the compiled engine takes)."""
+            tape: list = []
+            n = len(actions)
+            while i < n:
+                is_forward, mb, chunk, plain, key, name, suffix = actions[i]
+                if not plain or (is_forward and gathers and gathers.get(chunk)):
+                    break
+                parts = (forward_parts if is_forward else backward_parts)[chunk]
+                if parts is False:
+                    parts = (forward_parts if is_forward else backward_parts)[chunk] = step_parts(is_forward, chunk)
+                if parts is None:
+                    break
+                recv, known, send = parts
+                if is_forward:
+                    if gathers:
+                        gathers.pop(chunk, None)
+                    tape.append((recv, known, key, name, None, send, suffix))
+                else:
+                    tape.append((recv, known, None, None, key, send, suffix))
+                i += 1
+                if len(tape) == 16:
+                    gpu.run_tape(tape, activations)
+                    tape = []
+            if tape:
+                gpu.run_tape(tape, activations)
+            return i
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
@@ -514,24 +527,19 @@ def training_program(config):
             for c, buckets in enumerate(gather_buckets):
                 gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
                               for layer, size in buckets]  # fmt: skip
-            tape: list = []  # plain steps not launched yet (tape_step)
-            for action in actions:
-                step = tape_step(action) if tapes else None
-                if step is not None:
-                    tape.append(step)
-                    if len(tape) == 16:  # (a tape holds its steps until it ends: a few at a time)
-                        gpu.run_tape(tape, activations)
-                        tape = []
-                    continue
-                if tape:
-                    gpu.run_tape(tape, activations)
-                    tape = []
-                if action[0]:
-                    forward(action[1], action[2])
+            i, n = 0, len(actions)
+            while i < n:
+                if tapes:
+                    after = run_steps(i)
+                    if after > i:
+                        i = after
+                        continue
+                is_forward, mb, chunk = actions[i][:3]
+                if is_forward:
+                    forward(mb, chunk)
                 else:
-                    backward(action[1], action[2])
-            if tape:
-                gpu.run_tape(tape, activations)
+                    backward(mb, chunk)
+                i += 1
             for size, group in late_buckets:
                 pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             late_buckets.clear()
