@@ -55,6 +55,7 @@ touch plain fields for the order-free totals (CompiledGPU).
 from __future__ import annotations
 
 import functools
+import mmap
 
 import numpy as np
 
@@ -169,7 +170,7 @@ class OpCore(KernelMessages):
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
                  (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
         # each array starts on a 64-byte line (an op's row is two lines: opkernels.O_FIELDS)
-        self.ib = np.zeros(k.IB_HEADER + sum(int(np.prod(shape)) + 8 for _, shape in fixed), np.int64)
+        self.ib = _zeros(k.IB_HEADER + sum(int(np.prod(shape)) + 8 for _, shape in fixed), np.int64)
         at = k.IB_HEADER
         views = []
         for h, shape in fixed:
@@ -179,7 +180,7 @@ class OpCore(KernelMessages):
             views.append(self.ib[at : at + size].reshape(shape))
             at += size
         self.rs, self.ops, self.heap, self.g, self.qn, self.qm, self.ovf, self.gr = views
-        self.fb = np.zeros(n * ring + n, np.float64)
+        self.fb = _zeros(n * ring + n, np.float64)
         self.ib[k.H_OF], self.ib[k.H_OF + 1] = 0, n * ring
         self.ib[k.H_RF], self.ib[k.H_RF + 1] = n * ring, n
         self.of, self.rf = self.fb[: n * ring], self.fb[n * ring :]
@@ -852,6 +853,24 @@ class OpCore(KernelMessages):
                     waits[by] = waits.get(by, 0) + int(rs[ri, col])
                     rs[ri, hit] = rs[ri, col] = 0
 
+
+
+# numpy asks the OS for transparent huge pages for an array from 4 MiB (madvise); where memory is
+# fragmented, each first touch of a 2 MiB page then compacts memory inside the page fault. The op
+# ring of a run without folding is that large (3,072 ranks: 200 MiB, touched a rank at a time), and
+# the straggler run spent 0.44 s of system time in those faults (~4.7 ms each, 94 of them in its
+# first receives) of its 5.5 s; small pages fault in a fraction of it, and the kernels' loop ran no slower.
+_HUGE_BYTES = 4 << 20
+
+
+def _zeros(n: int, dtype) -> np.ndarray:
+    """``np.zeros(n, dtype)``; from :data:`_HUGE_BYTES` in anonymous mapped pages (zeros, small
+    pages: no madvise for huge ones), which the array keeps alive as its base."""
+    dtype = np.dtype(dtype)
+    size = n * dtype.itemsize
+    if size < _HUGE_BYTES:
+        return np.zeros(n, dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype, n)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # (the ranks of a stage make blocks of the same rows: one plan for them)

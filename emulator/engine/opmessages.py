@@ -28,8 +28,8 @@ KSENDS = 100
 # next step's receive too
 ST_SENT, ST_STEPPED = 100, 101
 
-_G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS
-_ST_LAUNCHED, _ST_SUSPEND, _ST_STEPPED = k.ST_LAUNCHED, k.ST_SUSPEND, k.ST_STEPPED
+_G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS, _G_RET_RI = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS, k.G_RET_RI
+_ST_LAUNCHED, _ST_SUSPEND, _ST_STEPPED, _ST_LIMIT = k.ST_LAUNCHED, k.ST_SUSPEND, k.ST_STEPPED, k.ST_LIMIT
 
 
 def _grown(a: np.ndarray, rows: int) -> np.ndarray:
@@ -205,13 +205,17 @@ class KernelMessages:
         self.send_desc[id(message)] = (message, d, gpu)
         return d, stream
 
-    def complete_recv(self, gpu: VirtualGPU, op: int, t: int) -> None:
-        """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete."""
+    def complete_recv(self, op: int, t: int) -> None:
+        """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete.
+        Its rank (the kernels' G_RET_RI, read before _after's Python may call the kernels again) is
+        looked up only where Python goes on: most end in the kernels."""
         k.complete_recv(*self.args, op, t)
+        ri = self.gm[_G_RET_RI]
         status = self._after()
-        shard = self.shard
-        if status == k.ST_LIMIT:
+        if status == _ST_LIMIT:
             return
+        shard = self.shard
+        gpu = shard.gpus[self.ranks[ri]]
         if status == k.ST_RESUME:
             shard._maybe_resume(gpu)
             return

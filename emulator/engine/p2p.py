@@ -154,17 +154,17 @@ class PointToPoint:
         run = st[RET_RUN]
         if run < -1:  # a tape's receive in the per-op engine's kernels (opcore.OpCore.launch_recv)
             ops = self.ops_core
-            gpu = ops.recv_gpu(-2 - run)  # (its Python op, with its name, only for the error)
             self.now = t
             try:
                 if status == RECV_DONE:
-                    ops.complete_recv(gpu, -2 - run, t)
+                    ops.complete_recv(-2 - run, t)  # (its rank looked up only where Python goes on)
                     return
-                gpu, op = ops.recv_op(-2 - run)
+                gpu, op = ops.recv_op(-2 - run)  # (its Python op, with its name, only for the error)
                 self._check_recv(gpu, op, st[RET_PEER], st[RET_SIG_LO])
                 raise AssertionError("a receive's mismatch without one")
             except EmulatorError as exc:
-                at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, gpu.rank))
+                rank = ops.recv_gpu(-2 - run).rank
+                at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, rank))
                 raise
         gpu, op = self.core.recvs.pop(run)
         assert gpu.rank == st[RET_RANK]

@@ -36,11 +36,12 @@ def _tapes_ran(ray) -> list[dict]:
 @pytest.mark.parametrize(
     "mode, on, sends, rounds",
     [("0", False, False, "calls"), ("0", False, False, "direct"), ("python", True, False, "direct"),
-     ("kernel", True, True, "calls"), ("steps", True, True, "calls")],
+     ("kernel", True, True, "calls"), ("steps", True, True, "calls"), ("blocks", True, True, "calls")],
 )
 def test_the_drivers_tape_mode_is_the_shards(mode, on, sends, rounds, ray_cluster, monkeypatch):
     """EMULATOR_TAPE set in the driver only: every actor runs that mode (a receive in the kernels
-    needs one shard, so it is off on 2), and the results are the in-process run's."""
+    needs one shard, so it is off on 2, and so are ``blocks``' chained blocks), and the results are
+    the in-process run's."""
     import ray
 
     monkeypatch.setenv("EMULATOR_TAPE", mode)
