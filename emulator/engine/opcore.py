@@ -581,9 +581,8 @@ class OpCore(KernelMessages):
         _, b, _, figures, mem_rows, plan = known
         gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
-        proxy = BlockProxy(BLOCK, None, *figures)
-        proxy.mem = None
-        proxy.known, proxy.suffix = known, self.suffix  # (its ops' names, for a deadlock report: diagnose.py)
+        # (with its entry and its ops' names' suffix, for a deadlock report: diagnose.py)
+        proxy = BlockProxy(figures, known, self.suffix)
         if mem_rows is not None:
             # the Allocations as GPU.alloc / GPU.free make them at launch (each slot's last one); the
             # rank's set of live ones takes what the block leaves of them when it ends
@@ -680,10 +679,8 @@ class OpCore(KernelMessages):
         if entry is not None:
             proxy.mem = None
             live = gpu.allocations
-            for obj in entry[0]:
-                live.add(obj)
-            for obj in entry[1]:
-                live.discard(obj)
+            live.update(entry[0])  # (as a loop of adds, then of discards, in C)
+            live.difference_update(entry[1])
 
     def _out_of_memory(self, gpu: VirtualGPU, t: int) -> None:
         """Shard._instant's error for the alloc the kernels stopped at (G_RET_OP): the block's rows
@@ -758,7 +755,7 @@ class OpCore(KernelMessages):
         mv[_R_ADONE] = 0
         stream = gpu.streams["compute"]
         pop = stream.ops.popleft
-        add, discard = gpu.allocations.add, gpu.allocations.discard
+        update, difference_update = gpu.allocations.update, gpu.allocations.difference_update
         done_ns = 0
         for _ in range(n):
             proxy = pop()
@@ -767,10 +764,9 @@ class OpCore(KernelMessages):
             entry = proxy.mem
             if entry is not None:  # (_apply_memory, inline: most blocks allocate or free)
                 proxy.mem = None
-                for obj in entry[0]:
-                    add(obj)
-                for obj in entry[1]:
-                    discard(obj)
+                # (the same adds, then discards, in the same order as a loop of each, in C)
+                update(entry[0])
+                difference_update(entry[1])
             done_ns += proxy.a
         stream.done_ns += done_ns
         head = stream.ops[0]

@@ -95,6 +95,25 @@ class BlockProxy(Op):
 
     __slots__ = ("known", "suffix")
 
+    def __init__(self, figures: tuple, known: tuple, suffix: str):
+        # Op.__init__'s fields (kind BLOCK, no name) and the proxy's own in one frame: a proxy is made
+        # for every block a tape launches (the straggler variant: about 190,000), so the second call's
+        # frame and the stores after it were a measurable share of the tape's Python per step
+        self.kind = BLOCK
+        self.name = None
+        self.stream = None
+        self.deps_left = 0
+        self.dependents = None
+        self.done = False
+        self.started = False
+        self.t_start = 0
+        self.t_end = 0
+        self.a, self.b, self.c, self.d = figures  # (OpCore.known's: least duration, FLOPs, nominal, reset)
+        self.cross = ()
+        self.mem = None
+        self.known = known
+        self.suffix = suffix
+
 
 # What a launch returns: the operation itself, whose ``wait()`` orders later work after it (one
 # object per launch instead of two: launches are the hot path of every program).
