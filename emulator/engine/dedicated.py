@@ -121,7 +121,7 @@ class DedicatedRules:
                         dep.dependents.append(op)
         op.deps_left = left
         if self.chain_blocks:
-            # its proxy may start in the kernels where the block before it ends (opkernels._chain):
+            # its proxy may start in the kernels where the block before it ends (opstreams._chain):
             # it waits for nothing of Python's, and the op before it is a running or queued block's
             # proxy that nothing of Python's waits for (nor can: the program holds no proxy, and
             # later ops wait for the stream's last), on a rank whose time no fault changes

@@ -147,7 +147,7 @@ class Shard(DedicatedRules, PointToPoint, CollectiveExecution):
         # and a step's block, send and next receive in one kernel call (OpCore.launch_step)
         self.fused_steps = self.kernel_sends and tape_fused_steps(settings.tape)
         # a tape's block queued behind another starts in the kernels where that one ends, its proxy
-        # settled by Python later (EMULATOR_TAPE=blocks: opkernels._chain, OpCore.settle); one shard
+        # settled by Python later (EMULATOR_TAPE=blocks: opstreams._chain, OpCore.settle); one shard
         # (the lookahead of several reads the compute streams' ops), the dedicated rules only
         self.chain_blocks = self.kernel_receives and self.fused_steps and tape_kernel_blocks(settings.tape)
         if self.kernel_sends:
