@@ -3,7 +3,7 @@
 numba keeps a compiled function in its cache under the stamp of the one file that defines it
 (its content's hash), and checks nothing else: a kernel that calls a jitted function of another
 module, or reads a constant of another module (netlayout reads the event kinds of
-emulator/engine/events.py; netkernels inlines the kernels of the modules it is split into), keeps
+emulator/engine/events.py; netkernels and opkernels inline the kernels of the modules they are split into), keeps
 its cached machine code after that other file changes - a stale kernel that gives silently wrong
 results, on the machine of whoever edited the file. Here
 every kernel of the files in :data:`SOURCES` is stamped with the hash of all of them together, so
@@ -40,7 +40,12 @@ SOURCES = tuple(
         "emulator/engine/netmailbox.py",
         "emulator/engine/netmessages.py",
         "emulator/engine/netstats.py",
+        "emulator/engine/opheap.py",
         "emulator/engine/opkernels.py",
+        "emulator/engine/oplayout.py",
+        "emulator/engine/oploop.py",
+        "emulator/engine/opsends.py",
+        "emulator/engine/opstreams.py",
         "emulator/results/textrows.py",
     )
 )

@@ -151,7 +151,7 @@ def block_bound(steps: list[tuple]) -> tuple[int, float]:
     collective before it on the tensor stream (every op of the stream at the block's start belongs to
     an earlier block, all of whose collectives its last compute op waited for), and ends no earlier
     than its duration after its own start (closed form: its duration after the last member's start,
-    later ports only later, collective_run.py, opkernels._start). The block's first op starts when its
+    later ports only later, collective_run.py, opstreams._start). The block's first op starts when its
     proxy starts. By induction over the ops, each op's true start and end, less the block's start,
     are at least the walk's, so the block lasts at least ``least_ns``: ``Op.a`` of the proxy, summed
     into its stream's ``launched_ns`` / ``done_ns`` and ``cum`` as a compute op's duration is

@@ -59,7 +59,7 @@ TP_NCH, TP_NSEG, TP_NX, TP_NCNT, TP_MAXX, TP_KIND, TP_HDR = range(7)
 # HT_RECV: a point-to-point receive waiting (values: its id, its size, its start time)
 HT_EMPTY, HT_MSG, HT_WAITER, HT_RECV = range(4)
 SEND_KIND = 7  # the khist row of point-to-point sends: after netmodel's OPS (netcore checks it)
-SEND_ROOM = 16  # messages the arrays keep free after any call (_room; opkernels.NET_LOW)
+SEND_ROOM = 16  # messages the arrays keep free after any call (_room; oplayout.NET_LOW)
 
 
 # -- the entry points' one argument: a table of the arrays -------------------------------------

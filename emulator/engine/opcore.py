@@ -159,7 +159,7 @@ class OpCore(KernelMessages):
         # a rank's block ops in flight: at most max_ahead launched and not done (the rank's
         # outstanding ops; a block's first op is counted as its proxy), with a margin; a slot is
         # reused a ring later (opkernels._new_op checks that its op is done) and the kernels keep no
-        # reference to a done op (opkernels._forget). A ring no longer than that keeps the slots
+        # reference to a done op (opheap._forget). A ring no longer than that keeps the slots
         # reused soon after they were freed, in the cache (the reference run: 384 ranks, 24 MiB)
         ring = 64
         while ring < shard.max_ahead + 128:
@@ -579,7 +579,7 @@ class OpCore(KernelMessages):
         """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
         Allocations (:meth:`begin`)."""
         _, b, _, figures, mem_rows, plan = known
-        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opkernels._begin_pending)
+        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opstreams._begin_pending)
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         # (with its entry and its ops' names' suffix, for a deadlock report: diagnose.py)
         proxy = BlockProxy(figures, known, self.suffix)
@@ -742,7 +742,7 @@ class OpCore(KernelMessages):
 
     def settle(self, gpu: VirtualGPU) -> None:
         """The proxies of ``gpu``'s blocks that the kernels completed and started themselves
-        (``EMULATOR_TAPE=blocks``: opkernels._chain) as Shard._complete and _try_start would have
+        (``EMULATOR_TAPE=blocks``: opstreams._chain) as Shard._complete and _try_start would have
         left them, before Python reads the rank's compute stream or live allocations: each done,
         off the stream, its allocations applied, its least duration in the stream's ``done_ns``
         (the kernels counted the rest); the stream's head started when the last one ended (the

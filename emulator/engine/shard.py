@@ -28,6 +28,7 @@ from greenlet import greenlet
 
 from emulator.engine.api import GPU, Group
 from emulator.engine.collective_run import CollectiveExecution
+from emulator.engine.dedicated import DedicatedRules
 from emulator.engine.diagnose import blocked_ranks
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, INF, START, at_event
 from emulator.engine.faults import ComputeFaults, Failures
@@ -36,7 +37,7 @@ from emulator.engine.live_figures import live_stats
 from emulator.engine.lookahead import output_bound
 from emulator.engine.netcore import NetCore
 from emulator.engine.netkernels import COMPLETE, GROW, MISMATCH, NO_LIMIT, RECV_DONE, RET_RANK, RET_T
-from emulator.engine.opkernels import R_ADONE, R_AUTO, R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
+from emulator.engine.opkernels import R_ADONE
 from emulator.engine.opmessages import KSENDS
 from emulator.engine.ops import ALLOC, BLOCK, COLL, COMM_KINDS, COMPUTE, FREE, MARK, RECV, SEND, SYNC, Op
 from emulator.engine.p2p import PointToPoint
@@ -57,11 +58,11 @@ from netmodel.collectives.analytic import ANALYTIC
 from netmodel.links import LinkModel
 
 
-class Shard(PointToPoint, CollectiveExecution):
+class Shard(DedicatedRules, PointToPoint, CollectiveExecution):
     """Hosts the virtual GPUs of whole nodes; processes events before a horizon on request."""
 
     # a shard that runs the compiled per-op engine takes the dedicated variants of its hottest rules
-    # (``*_compiled`` below); False: the generic ones (tests compare both)
+    # (``*_compiled``: dedicated.py, a mixin); False: the generic ones (tests compare both)
     dedicated = True
 
     def __init__(self, topo, ranks, rank_shard, index, program, settings: EngineSettings, program_args=None,
@@ -146,7 +147,7 @@ class Shard(PointToPoint, CollectiveExecution):
         # and a step's block, send and next receive in one kernel call (OpCore.launch_step)
         self.fused_steps = self.kernel_sends and tape_fused_steps(settings.tape)
         # a tape's block queued behind another starts in the kernels where that one ends, its proxy
-        # settled by Python later (EMULATOR_TAPE=blocks: opkernels._chain, OpCore.settle); one shard
+        # settled by Python later (EMULATOR_TAPE=blocks: opstreams._chain, OpCore.settle); one shard
         # (the lookahead of several reads the compute streams' ops), the dedicated rules only
         self.chain_blocks = self.kernel_receives and self.fused_steps and tape_kernel_blocks(settings.tape)
         if self.kernel_sends:
@@ -425,129 +426,6 @@ class Shard(PointToPoint, CollectiveExecution):
             after.wait()
         self.launch(gpu, op, "compute")
 
-    def _launch_p2p_compiled(self, gpu: VirtualGPU, op: Op, stream_name: str) -> None:
-        """:meth:`launch` of a send or receive (``comm``, not ``after_all``) on a stream other than
-        ``compute``, on a CompiledGPU: its rules for those kinds only (a tape's receives and sends,
-        tape.py)."""
-        streams = gpu.streams
-        stream = streams.get(stream_name)
-        if stream is None:
-            stream = gpu.stream(stream_name)
-        last = stream.last
-        if last is not None and last.kind == KSENDS and not last.done:
-            self.ops_core.seal(gpu, stream)  # the kernels hold sends of this stream (OpCore.launch_send)
-        op.stream = stream
-        op.gpu = gpu
-        deps = gpu.pending_waits.pop(stream_name, None) if gpu.pending_waits else None
-        compute = streams.get("compute")
-        if compute is not None:
-            clast = compute.last
-            if clast is not None:
-                if deps is None:
-                    deps = [clast]
-                else:
-                    deps.append(clast)
-        else:
-            clast = None
-        left = 0
-        last = stream.last
-        delay = last.dl if last is not None and not last.done else INF
-        if deps:
-            for dep in deps:
-                if not dep.done:
-                    left += 1
-                    if dep.dl < delay:
-                        delay = dep.dl
-                    if dep.dependents is None:
-                        dep.dependents = [op]
-                    else:
-                        dep.dependents.append(op)
-        op.deps_left = left
-        kind = op.kind
-        op.dl = 0 if kind == RECV else delay
-        op.cum = stream.launched_ns
-        if op.cross or (kind == SEND and self.rank_shard[op.a] != self.index):
-            if kind == SEND:
-                op.cross = (self.rank_shard[op.a],)
-            op.ds = delay
-            op.cdep = clast if clast is not None and not clast.done else None
-            gpu.cross_queued.append(op)
-        ops = stream.ops
-        ops.append(op)
-        stream.last = op
-        mv = gpu._mv
-        outstanding = mv[R_OUT] + 1
-        mv[R_OUT] = outstanding
-        if len(ops) == 1:
-            if left:  # _try_start's first test, inline: it would only note the wait
-                if stream.blocked_since < 0:
-                    stream.blocked_since = self.now
-            else:
-                self._try_start(gpu, stream)
-                outstanding = mv[R_OUT]
-        if outstanding >= self.max_ahead and not gpu._susp:
-            self._suspend(gpu)
-
-    def _launch_block_compiled(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
-        """:meth:`launch` of a block's proxy (opcore.OpCore.begin_step) on ``compute`` of a CompiledGPU,
-        after ``after.wait()`` (a tape's receive not done yet, or None): its rules for a BLOCK."""
-        streams = gpu.streams
-        stream = streams.get("compute")
-        if stream is None:
-            stream = gpu.stream("compute")
-        op.stream = stream
-        op.gpu = gpu
-        waits = gpu.pending_waits
-        deps = waits.pop("compute", None) if waits else None
-        if after is not None:  # (Op.wait: after the waits made before it)
-            if deps is None:
-                deps = [after]
-            else:
-                deps.append(after)
-        left = 0
-        last = stream.last
-        delay = last.dl if last is not None and not last.done else INF
-        if deps:
-            for dep in deps:
-                if not dep.done:
-                    left += 1
-                    if dep.dl < delay:
-                        delay = dep.dl
-                    if dep.dependents is None:
-                        dep.dependents = [op]
-                    else:
-                        dep.dependents.append(op)
-        op.deps_left = left
-        if self.chain_blocks:
-            # its proxy may start in the kernels where the block before it ends (opkernels._chain):
-            # it waits for nothing of Python's, and the op before it is a running or queued block's
-            # proxy that nothing of Python's waits for (nor can: the program holds no proxy, and
-            # later ops wait for the stream's last), on a rank whose time no fault changes
-            faults = self.compute_faults
-            gpu._mv[R_AUTO] = 1 if (not left and last is not None and last.kind == BLOCK and not last.done
-                                    and last.dependents is None
-                                    and (faults is None or gpu.rank not in faults.ranks)) else 0  # fmt: skip
-        # (a proxy's ``a`` is its least duration, already as launched: opcore.OpCore._template)
-        launched = stream.launched_ns = stream.launched_ns + op.a
-        dl = delay + op.a
-        op.dl = op.d if op.d < dl else dl  # (lookahead.block_bound)
-        op.cum = launched
-        ops = stream.ops
-        ops.append(op)
-        stream.last = op
-        mv = gpu._mv
-        outstanding = mv[R_OUT] + 1
-        mv[R_OUT] = outstanding
-        if len(ops) == 1:
-            if left:  # _try_start's first test, inline: it would only note the wait
-                if stream.blocked_since < 0:
-                    stream.blocked_since = self.now
-            else:
-                self._try_start(gpu, stream)
-                outstanding = mv[R_OUT]
-        if outstanding >= self.max_ahead and not gpu._susp:
-            self._suspend(gpu)
-
     def _try_start(self, gpu: VirtualGPU, stream) -> None:
         ops = stream.ops
         while ops:
@@ -670,60 +548,6 @@ class Shard(PointToPoint, CollectiveExecution):
         seq = gpu.seq = gpu.seq + 1
         heapq.heappush(self.heap, (t, kind, gpu.rank, gpu.rank, seq, obj))
 
-    def _complete_compiled(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
-        """:meth:`_complete` for a CompiledGPU, line for line: ``outstanding`` and ``flops_done`` in
-        the kernels' arrays, ``suspended`` and ``sync_op`` as CompiledGPU's own fields (what its
-        properties read), without a property call each; every op of a shard that runs the compiled
-        per-op engine completes here (a tape's receives, sends and block proxies most of all)."""
-        op.done = True
-        op.t_end = t
-        stream = op.stream
-        stream.ops.popleft()
-        mv = gpu._mv
-        mv[R_OUT] -= 1
-        gpu.ops_done += 1
-        if t > gpu.last_time:
-            gpu.last_time = t
-        kind = op.kind
-        if kind == RECV or kind == SEND or kind == COLL:
-            gpu.comm_ns += t - op.t_start
-            if op.cross and kind == COLL:
-                left = self.cross_runs.pop(gpu.rank) - 1
-                if left:
-                    self.cross_runs[gpu.rank] = left
-        elif kind == COMPUTE:
-            gpu.compute_ns += t - op.t_start
-            if op.c is not None:
-                self.compute_lost_ns[gpu.rank] = self.compute_lost_ns.get(gpu.rank, 0) + t - op.t_start - op.c
-            gpu._fmv[gpu._ri] += op.b  # (flops_done)
-            stream.done_ns += op.a
-        elif kind == BLOCK:  # a compiled block that ended with an alloc or free (opcore.py)
-            stream.done_ns += op.a
-        if gpu.trace is not None:
-            gpu.trace.append((stream.name, op.describe(), kind, op.t_start, t))
-        dependents = op.dependents
-        if dependents is not None:
-            op.dependents = None
-            for dep in dependents:
-                left = dep.deps_left - 1
-                dep.deps_left = left
-                if left == 0:
-                    s = dep.stream
-                    s.unblocked_by = stream.name
-                    if s.ops and s.ops[0] is dep:
-                        self._try_start(gpu, s)
-        if start_next:
-            ops = stream.ops
-            if ops:
-                head = ops[0]
-                if head.deps_left:  # _try_start's first test, inline: it would only note the wait
-                    if stream.blocked_since < 0:
-                        stream.blocked_since = self.now
-                else:
-                    self._try_start(gpu, stream)
-        if gpu._susp and (gpu._sync is not None or mv[R_OUT] <= self.max_ahead >> 1):
-            self._maybe_resume(gpu)
-
     # -- the loop ------------------------------------------------------------------------------
     def next_time(self) -> float:
         t = self.heap[0][0] if self.heap else INF
@@ -783,101 +607,6 @@ class Shard(PointToPoint, CollectiveExecution):
         if horizon > self.done_until:
             self.done_until = horizon
         return self._take_outbox()
-
-    def _run_until_compiled(self, horizon: float) -> dict[int, list]:
-        """:meth:`run_until` with the compiled per-op engine's heap as a third one, merged by key
-        (its shard has no failures: emulator/engine/opcore.py)."""
-        heap = self.heap
-        pop = heapq.heappop
-        gpus = self.gpus
-        count = 0
-        core, ops = self.core, self.ops_core
-        core_events, ops_events = core.events, ops.events
-        core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
-        try:
-            while True:
-                ot, ct = ops.top, core.top
-                if heap:
-                    top = heap[0]
-                    ht = top[0]
-                else:
-                    top = None
-                    ht = INF
-                # (a heap's whole key is built and compared only where the times tie)
-                if ot < horizon and ot <= ct and ot <= ht:
-                    # the least key of the other two heaps: the kernels stop before it
-                    limit = top[:5] if top is not None else None
-                    if ct < INF and (limit is None or ct <= ht):
-                        ck = core.top_key()
-                        if limit is None or ck < limit:
-                            limit = ck
-                    if limit is None or ot < limit[0] or ops.top_key() < limit:
-                        # a block's end, handled here (a frame less: its most frequent stop), else _ops_stopped
-                        status = ops.run(limit, core_horizon)
-                        if status == ST_BLOCK_DONE:
-                            gpu, proxy, t = ops.block_done()
-                            self.now = t
-                            try:
-                                self._complete(gpu, proxy, t)
-                            except EmulatorError as exc:
-                                at_event(exc, (t, EV_OP_DONE, gpu.rank))
-                                raise
-                        elif status:
-                            self._ops_stopped(status)
-                        continue
-                if ct < horizon:
-                    if top is None or ct < ht or (ct == ht and core.top_key() < top[:5]):
-                        limit = top[:5] if top is not None else None
-                        if ot < INF and (limit is None or ot <= limit[0]):
-                            okey = ops.top_key()
-                            if limit is None or okey < limit:
-                                limit = okey
-                        # (_run_core, inline: a frame less for its most frequent stop, a receive)
-                        status = core.run(limit, core_horizon)
-                        if status >= RECV_DONE:
-                            self._core_receive(status)
-                        elif status:
-                            self._core_stopped(status)
-                        continue
-                if not heap or ht >= horizon:
-                    break
-                t, kind, rank, _, _, obj = pop(heap)
-                self.now = t
-                count += 1
-                if kind == EV_OP_DONE:
-                    self._complete(gpus[rank], obj, t)
-                elif kind == EV_STEP:
-                    self._step(gpus[rank], obj, t)
-                else:
-                    self._handover(obj, t)
-        except EmulatorError as exc:
-            if getattr(exc, "event_key", None) is None:  # raised by the event popped last (_run_core and
-                at_event(exc, (t, kind, rank))  # the kernels' stops mark the errors their events raise)
-            raise
-        self.events += count + core.events - core_events + ops.events - ops_events
-        if horizon > self.done_until:
-            self.done_until = horizon
-        return self._take_outbox()
-
-    def _ops_stopped(self, status: int) -> None:
-        """Act where the compiled per-op engine stopped (:meth:`_run_until_compiled`'s call) for something
-        else than a block's end."""
-        ops = self.ops_core
-        try:
-            if status == ST_RESUME:
-                gpu, t = ops.resumed()
-                self.now = t
-                self._maybe_resume(gpu)
-            elif status == ST_SDRAIN:  # a sealed kernel send stream's last send completed (OpCore.send_drained)
-                gpu, t = ops.resumed()
-                ops.send_drained()
-            elif status >= ST_IRESUME:  # an alloc or free of a block stopped them (opcore.OpCore.stopped)
-                gpu, t = ops.resumed()
-                ops.stopped(status, gpu, t)
-        except EmulatorError as exc:
-            # the kernels stopped at a compute completion of that rank (OpCore.top_key: EV_OP_DONE)
-            at_event(exc, (t, EV_OP_DONE, gpu.rank))
-            raise
 
     def _failed(self, rank: int, t: int) -> bool:
         """Whether ``rank`` (an event's GPU: the receiver of a hand-over) is down at ``t``."""

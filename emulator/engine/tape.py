@@ -44,7 +44,7 @@ still a Python op, started by a kernel call of its own where it becomes its stre
 
 With ``EMULATOR_TAPE=blocks`` (the default; one shard, as the receives) a block queued behind
 another starts in the kernels where that one ends, and that one's proxy completes there too
-(opkernels._chain, and _instant for a block ending with an alloc or free: the same counts, event
+(opstreams._chain, and _instant for a block ending with an alloc or free: the same counts, event
 keys and order), where its proxy waits for nothing of Python's and nothing of Python's waits for
 the proxy before it (Shard._launch_block_compiled writes R_AUTO, the block's first op takes O_GATE
 2; not on a rank whose time a fault changes). The program's check after the ended proxy is the
@@ -104,7 +104,7 @@ def fused_steps(mode: str | None = None) -> bool:
 
 def kernel_blocks(mode: str | None = None) -> bool:
     """Whether a step's block queued behind another starts in the kernels where that one ends, its
-    proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opkernels._chain and
+    proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opstreams._chain and
     OpCore.settle; one shard only: Shard.chain_blocks)."""
     return (mode or _mode()) == "blocks"
 

@@ -34,7 +34,7 @@ from tests.emulator.engine.test_opcore_fuzz import assert_same_run_dirs, run_dir
 
 
 def test_packed_keys_order_as_rank_then_seq_up_to_their_bounds():
-    """opkernels._push / _pop order rows as the key ``(t, rank, seq)`` with rank and seq drawn near
+    """opheap._push / _pop order rows as the key ``(t, rank, seq)`` with rank and seq drawn near
     their bounds (2^23 ranks, 2^40 events of one rank) and ties on time; a seq at the bound is
     reported (G_ERR 3), not wrapped into the next rank's keys."""
     rng = random.Random(24)

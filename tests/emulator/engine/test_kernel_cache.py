@@ -133,6 +133,8 @@ def test_the_kernel_files_import_each_other_in_one_direction():
         visit(path, ())
     netkernels = ROOT / "emulator" / "engine" / "netkernels.py"
     assert {p.name for p in edges[netkernels]} >= {"netlayout.py", "netheap.py", "netmessages.py"}, "the scan is wrong"
+    opkernels = ROOT / "emulator" / "engine" / "opkernels.py"
+    assert {p.name for p in edges[opkernels]} >= {"oplayout.py", "opstreams.py", "oploop.py"}, "the scan is wrong"
 
 
 def test_netkernels_still_offers_every_name_taken_from_it():
@@ -149,3 +151,36 @@ def test_netkernels_still_offers_every_name_taken_from_it():
     assert {"_inject", "_views", "TABLE", "RECV_DONE"} <= taken, "the scan is wrong"
     assert not taken - set(netkernels.__all__), sorted(taken - set(netkernels.__all__))
     assert all(hasattr(netkernels, name) for name in netkernels.__all__)
+
+
+def _taken_from(module: str) -> set[str]:
+    """The names the project's modules, benchmarks and tests take from ``module``: imported by name,
+    or read as attributes of the module imported whole (``from emulator.engine import opkernels as k``)."""
+    package, _, name = module.rpartition(".")
+    taken = set()
+    for pkg in ("emulator", "netmodel", "actors", "benchmarks", "tests"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path == ROOT.joinpath(*module.split(".")).with_suffix(".py"):
+                continue
+            tree = ast.parse(path.read_text())
+            aliases = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == module:
+                    taken.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module == package:
+                    aliases.update(a.asname or a.name for a in node.names if a.name == name)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                    taken.add(node.attr)
+    return {n for n in taken if not n.startswith("__")}  # (a module's own attributes: __all__, __file__)
+
+
+def test_opkernels_still_offers_every_name_taken_from_it():
+    """opkernels was split (oplayout, opheap, opsends, opstreams, oploop); the names other modules
+    and tests take from it, by import or as ``k.NAME``, stay there, re-exported (``__all__``)."""
+    from emulator.engine import opkernels
+
+    taken = _taken_from("emulator.engine.opkernels")
+    assert {"R_SEQ", "ST_SUSPEND", "_push", "launch_step", "A_NOVF", "_NET_TABLE"} <= taken, "the scan is wrong"
+    assert not taken - set(opkernels.__all__), sorted(taken - set(opkernels.__all__))
+    assert all(hasattr(opkernels, name) for name in opkernels.__all__)

@@ -126,21 +126,21 @@ def proxies(monkeypatch):
     start_block, block_done, settle = opcore.OpCore.start_block, opcore.OpCore.block_done, opcore.OpCore.settle
 
     def started(self, gpu, proxy, t):
-        starts[id(proxy)] = t
+        starts[proxy] = t  # (the proxy itself, not its id: a done proxy's id is reused by a later one)
         start_block(self, gpu, proxy, t)
 
     def settled(self, gpu):
         # a block the kernels started where the one before it ended (EMULATOR_TAPE=blocks, one
-        # shard: opkernels._chain) passes no start_block; settle gives its proxy that start
+        # shard: opstreams._chain) passes no start_block; settle gives its proxy that start
         before = self.proxies[gpu._ri]
         settle(self, gpu)
         head = self.proxies[gpu._ri]
         if head is not before:
-            starts[id(head)] = head.t_start
+            starts[head] = head.t_start
 
     def done(self):
         gpu, proxy, t = block_done(self)
-        seen.append((starts.pop(id(proxy)), t, proxy.a, proxy.d))
+        seen.append((starts.pop(proxy), t, proxy.a, proxy.d))
         return gpu, proxy, t
 
     monkeypatch.setattr(opcore.OpCore, "start_block", started)

@@ -188,7 +188,7 @@ def test_every_shipped_run_dir_matches(name, tmp_path):
     assert_same_run_dirs(tmp_path, CONFIGS / "runs" / f"{name}.yaml", SHRUNK[name])
 
 
-# tensor groups not folded (each member arrives at its tensor collectives: opkernels._start's
+# tensor groups not folded (each member arrives at its tensor collectives: opstreams._start's
 # rendezvous), with the faults that unfold them; "(python)": the faults the kernels do not take
 UNFOLDED = [
     ("megatron-22b-8gpu", ["engine.fold_tensor_groups=false"]),
@@ -262,7 +262,7 @@ def test_which_runs_take_the_kernels(overrides, compiled_expected, tmp_path, mon
 
 
 def test_members_complete_in_arrival_order_with_their_seq_at_completion():
-    """opkernels._start for a call of several arrivals, against collective_run._rendezvous: an
+    """opstreams._start for a call of several arrivals, against collective_run._rendezvous: an
     arrival takes no event key; the last one holds the ports from its time, and every member's
     completion is pushed in arrival order with the seq its rank's counter has then (a member's
     compute completions between its arrival and the last one's move its counter on)."""
@@ -312,7 +312,7 @@ def test_members_complete_in_arrival_order_with_their_seq_at_completion():
 
 
 def test_closed_form_hold_equals_the_link_model():
-    """opkernels._start on a closed-form op, numba's copy of LinkModel.hold (start_of: the ports
+    """opstreams._start on a closed-form op, numba's copy of LinkModel.hold (start_of: the ports
     held together from when all are free, the queueing charged to the port free last, ties to the
     first), on fuzzed port sets and free times; the end-to-end comparisons above reach few ties."""
     import numpy as np

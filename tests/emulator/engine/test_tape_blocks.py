@@ -1,4 +1,4 @@
-"""A tape's blocks chained in the kernels (EMULATOR_TAPE=blocks, opkernels._chain and _instant's
+"""A tape's blocks chained in the kernels (EMULATOR_TAPE=blocks, opstreams._chain and _instant's
 ST_ICHAIN, OpCore.settle): a block queued behind another starts where that one ends, its proxy's
 completion counted there, both where the block ends with a compute op and where it ends with a free
 or alloc; the results are those of ``steps`` (one stop per block end) and of the program launching

@@ -1,4 +1,4 @@
-"""The dedicated rules of a shard that runs the compiled per-op engine (shard.py's ``*_compiled``:
+"""The dedicated rules of a shard that runs the compiled per-op engine (dedicated.py's ``*_compiled``:
 a tape's sends, receives and block proxies launched with their kinds' rules only, completions and
 event keys on CompiledGPU's rows directly) against the generic ones (``Shard.dedicated = False``):
 the same results bit for bit, tapes and suspensions included, on one shard and on several."""
