@@ -10,8 +10,10 @@ the ranks' event counters, which a receive's completion key takes), the point-to
 a send's injection is one kernel call (NetCore.send), its hand-over an event of the core's heap
 with the key this module would give it, and the match with a waiting receive or the mailbox
 happens there; a receive that completes comes back as RECV_DONE with the key ``_push`` would have
-given it then (Shard._run_core -> :meth:`PointToPoint._core_receive`). The rules below are the
-specification; tests/emulator/test_netcore.py holds the two paths equal."""
+given it then (Shard._run_core -> :meth:`PointToPoint._core_receive`), but a tape's kernel receive
+with EMULATOR_TAPE=steps or blocks, completed inside the core's run (opkernels.run_net; NET_KRECV
+where Python acts after it). The rules below are the specification; tests/emulator/test_netcore.py
+holds the two paths equal."""
 
 from __future__ import annotations
 
