@@ -16,7 +16,16 @@ import math
 
 from emulator.engine.events import EV_OP_DONE, EV_STEP, INF, at_event
 from emulator.engine.netkernels import NO_LIMIT, RECV_DONE
-from emulator.engine.opkernels import R_AUTO, R_OUT, ST_BLOCK_DONE, ST_IRESUME, ST_RESUME, ST_SDRAIN
+from emulator.engine.opkernels import (
+    G_HEAPN,
+    G_KRECV_T,
+    R_AUTO,
+    R_OUT,
+    ST_BLOCK_DONE,
+    ST_IRESUME,
+    ST_RESUME,
+    ST_SDRAIN,
+)
 from emulator.engine.opmessages import KSENDS
 from emulator.engine.ops import BLOCK, COLL, COMPUTE, RECV, SEND, Op
 from emulator.engine.vgpu import VirtualGPU
@@ -214,6 +223,11 @@ class DedicatedRules:
         core, ops = self.core, self.ops_core
         core_events, ops_events = core.events, ops.events
         core_horizon = NO_LIMIT if horizon >= NO_LIMIT else math.ceil(horizon)
+        # a tape's receive that a hand-over completes completes in the message core's run, which goes
+        # on where Python has nothing to do after it (opkernels.run_net; EMULATOR_TAPE=steps and
+        # blocks: ``kernel`` keeps a kernel call from Python per receive, the path tests compare with)
+        receives = self.kernel_receives and self.fused_steps
+        gm = ops.gm
         try:
             while True:
                 ot, ct = ops.top, core.top
@@ -253,7 +267,13 @@ class DedicatedRules:
                             if limit is None or okey < limit:
                                 limit = okey
                         # (_run_core, inline: a frame less for its most frequent stop, a receive)
-                        status = core.run(limit, core_horizon)
+                        if receives:
+                            status = core.run(limit, core_horizon, ops.args)
+                            if gm[G_KRECV_T] >= 0:  # receives completed in the call: as after complete_recv
+                                self.now = gm[G_KRECV_T]
+                                ops.top = ops.top_row[0] if gm[G_HEAPN] else INF
+                        else:
+                            status = core.run(limit, core_horizon)
                         if status >= RECV_DONE:
                             self._core_receive(status)
                         elif status:

@@ -73,6 +73,7 @@ from emulator.engine.netlayout import (
     TP_NX,
 )  # fmt: skip
 from emulator.engine.netstats import timeline_add
+from emulator.engine.opkernels import run_net
 from emulator.engine.stats import ShardStats
 from emulator.errors import EmulatorError
 from netmodel.collectives.base import OPS
@@ -272,12 +273,20 @@ class NetCore:
         self._read_top()
         return status
 
-    def run(self, limit: tuple | None, horizon: int) -> int:
+    def run(self, limit: tuple | None, horizon: int, receives: tuple | None = None) -> int:
         """Process events before ``limit`` (a Python heap key: its first five fields) and ``horizon``;
-        returns the status."""
+        returns the status. ``receives``: the per-op engine's kernel arguments (OpCore.args) where
+        the tapes' receives that hand-overs complete complete in the same call, the run going on
+        past them (opkernels.run_net: the limit then counts that engine's heap too; its status
+        NET_KRECV where Python goes on after one)."""
         # (called for nearly every message event: the status is the kernel's return value, and
         # _read_top's checks run only when the core's heap is empty or its top out of range)
-        if limit is None:
+        if receives is not None:
+            if limit is None:
+                status = run_net(*receives, NO_LIMIT, 0, 0, 0, 0, horizon)
+            else:
+                status = run_net(*receives, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)
+        elif limit is None:
             status = run_events(self.table, NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
             status = run_events(self.table, limit[0], limit[1], limit[2], limit[3], limit[4], horizon)

@@ -932,3 +932,4 @@ def warm_up(net=None) -> None:
         core.rs[0, base + k.SS_HEAD] = core.rs[0, base + k.SS_TAIL] = core.rs[0, base + k.SS_BLK] = -1
         k.launch_recv(*core.args, 0, 1, 1, 0, 0)
         k.complete_recv(*core.args, int(core.rs[0, base + k.SS_HEAD]), 0)
+        k.run_net(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)  # (the message core's run with receives)

@@ -51,13 +51,14 @@ from emulator.engine.oplayout import (
     A_GR,
     A_NOVF,
     A_NTL,
-    A_OPS,
     A_RS,
     G_BUCKET,
     G_ERR,
     G_EVENTS,
     G_FIELDS,
     G_HEAPN,
+    G_KRECV_T,
+    G_KRECVS,
     G_LOW,
     G_MAXAHEAD,
     G_NET,
@@ -107,6 +108,7 @@ from emulator.engine.oplayout import (
     MAX_DEPS,
     MAX_MEMBERS,
     MAX_WAITS,
+    NET_KRECV,
     NO_LIMIT,
     NSS,
     O_DEP0,
@@ -208,15 +210,15 @@ from emulator.engine.oplayout import (
     _table,
 )
 from emulator.engine.oploop import (
+    _complete_recv,
     _run,
     _run_at,
+    _run_net_at,
 )
 from emulator.engine.opsends import (
     _launch_recv,
     _launch_send,
     _note_room,
-    _recv_done,
-    _recv_rest,
 )
 from emulator.engine.opstreams import (
     _begin_pending,
@@ -229,23 +231,23 @@ from emulator.engine.opstreams import (
 
 # the names other modules and the tests take from here (tests/emulator/engine/test_kernel_cache.py)
 __all__ = [
-    "A_GR", "A_NOVF", "A_NTL", "GB_HEADER", "GR_FIELDS", "GR_MEM0", "GR_N", "G_BUCKET", "G_ERR", "G_EVENTS", "G_FIELDS",
-    "G_HEAPN", "G_LOW", "G_MAXAHEAD", "G_NET", "G_NOVF", "G_PREL", "G_RDRAIN", "G_RDRAIN_RI", "G_RDRAIN_T", "G_RET_OP",
-    "G_RET_RI", "G_RET_T", "G_RET_TSTART", "G_RING", "G_SENT", "G_SS", "G_STATUS", "H_G", "H_GR", "H_HEAP", "H_KC",
-    "H_OF", "H_OPS", "H_OVF", "H_PL", "H_PLK", "H_QM", "H_QN", "H_RF", "H_RS", "H_SD", "H_TI", "H_TL", "H_TP",
-    "IB_HEADER", "I_A", "I_C", "I_F", "I_M", "I_W", "K_C", "K_M", "K_R", "MAX_DEPS", "MAX_MEMBERS", "MAX_WAITS",
-    "NO_LIMIT", "NSS", "O_DEP0", "O_DEPS", "O_FIELDS", "O_GATE", "O_KIND", "O_LOST", "O_NDEP", "O_NEXT", "O_RI",
-    "O_STATE", "O_TSTART", "O_VAL", "P_ARRIVALS", "P_CALLS", "P_CCOUNT", "P_CNS", "P_DUR", "P_FIELDS", "P_GROUP",
-    "P_LLEN", "P_LPTR", "P_MAXWAIT", "P_MEMBERS", "P_MSGB", "P_MSGS", "P_SIG", "RANK_BITS", "R_ADONE", "R_ASTART",
-    "R_AUTO", "R_BEGIN", "R_BPOS", "R_CAP", "R_CBLK", "R_CHEAD", "R_CNS", "R_COMMNS", "R_CTAIL", "R_FIELDS", "R_LAST",
-    "R_LASTC", "R_LOST", "R_MEM", "R_NWAIT", "R_OPSDONE", "R_OUT", "R_PEAK", "R_PEND", "R_RANK", "R_RING", "R_RPEND",
-    "R_SEQ", "R_SS0", "R_SUSP", "R_SYNC", "R_TBLK", "R_THEAD", "R_TTAIL", "R_WCT", "R_WCT_HIT", "R_WTC", "R_WTC_HIT",
-    "SD_CTR", "SD_DST", "SD_FIELDS", "SD_RECV", "SD_TAG", "SEQ_BITS", "SEQ_LIMIT", "SEQ_MASK", "SS_BLK", "SS_CHIT",
-    "SS_CWAIT", "SS_FIELDS", "SS_HEAD", "SS_HIT", "SS_SEAL", "SS_TAIL", "SS_WAIT", "ST_BLOCK_DONE", "ST_IBLOCK",
-    "ST_IRESUME", "ST_LAUNCHED", "ST_LIMIT", "ST_OOM", "ST_RESUME", "ST_RMISMATCH", "ST_SDRAIN", "ST_STEPPED",
-    "ST_SUSPEND", "S_DONE", "S_LAUNCHED", "S_STARTED", "_NET_TABLE", "_new_op", "_pop", "_push", "_run", "_start",
-    "_table", "_timeline", "complete_recv", "cont", "launch_recv", "launch_rest", "launch_send", "launch_step", "run",
-    "start_block",
+    "A_GR", "A_NOVF", "A_NTL", "GB_HEADER", "GR_FIELDS", "GR_MEM0", "GR_N", "G_BUCKET", "G_ERR", "G_EVENTS",
+    "G_FIELDS", "G_HEAPN", "G_KRECV_T", "G_KRECVS", "G_LOW", "G_MAXAHEAD", "G_NET", "G_NOVF", "G_PREL", "G_RDRAIN",
+    "G_RDRAIN_RI", "G_RDRAIN_T", "G_RET_OP", "G_RET_RI", "G_RET_T", "G_RET_TSTART", "G_RING", "G_SENT", "G_SS",
+    "G_STATUS", "H_G", "H_GR", "H_HEAP", "H_KC", "H_OF", "H_OPS", "H_OVF", "H_PL", "H_PLK", "H_QM", "H_QN", "H_RF",
+    "H_RS", "H_SD", "H_TI", "H_TL", "H_TP", "IB_HEADER", "I_A", "I_C", "I_F", "I_M", "I_W", "K_C", "K_M", "K_R",
+    "MAX_DEPS", "MAX_MEMBERS", "MAX_WAITS", "NET_KRECV", "NO_LIMIT", "NSS", "O_DEP0", "O_DEPS", "O_FIELDS", "O_GATE",
+    "O_KIND", "O_LOST", "O_NDEP", "O_NEXT", "O_RI", "O_STATE", "O_TSTART", "O_VAL", "P_ARRIVALS", "P_CALLS",
+    "P_CCOUNT", "P_CNS", "P_DUR", "P_FIELDS", "P_GROUP", "P_LLEN", "P_LPTR", "P_MAXWAIT", "P_MEMBERS", "P_MSGB",
+    "P_MSGS", "P_SIG", "RANK_BITS", "R_ADONE", "R_ASTART", "R_AUTO", "R_BEGIN", "R_BPOS", "R_CAP", "R_CBLK",
+    "R_CHEAD", "R_CNS", "R_COMMNS", "R_CTAIL", "R_FIELDS", "R_LAST", "R_LASTC", "R_LOST", "R_MEM", "R_NWAIT",
+    "R_OPSDONE", "R_OUT", "R_PEAK", "R_PEND", "R_RANK", "R_RING", "R_RPEND", "R_SEQ", "R_SS0", "R_SUSP", "R_SYNC",
+    "R_TBLK", "R_THEAD", "R_TTAIL", "R_WCT", "R_WCT_HIT", "R_WTC", "R_WTC_HIT", "SD_CTR", "SD_DST", "SD_FIELDS",
+    "SD_RECV", "SD_TAG", "SEQ_BITS", "SEQ_LIMIT", "SEQ_MASK", "SS_BLK", "SS_CHIT", "SS_CWAIT", "SS_FIELDS", "SS_HEAD",
+    "SS_HIT", "SS_SEAL", "SS_TAIL", "SS_WAIT", "ST_BLOCK_DONE", "ST_IBLOCK", "ST_IRESUME", "ST_LAUNCHED", "ST_LIMIT",
+    "ST_OOM", "ST_RESUME", "ST_RMISMATCH", "ST_SDRAIN", "ST_STEPPED", "ST_SUSPEND", "S_DONE", "S_LAUNCHED",
+    "S_STARTED", "_NET_TABLE", "_new_op", "_pop", "_push", "_run", "_start", "_table", "_timeline", "complete_recv",
+    "cont", "launch_recv", "launch_rest", "launch_send", "launch_step", "run", "run_net", "start_block",
 ]  # fmt: skip
 
 
@@ -294,17 +296,15 @@ def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
 def complete_recv(ib, gb, fb, tf, free, net, op, t):
     """A kernel receive completes at its hand-over's event (the message core's RECV_DONE): as
     Shard._complete; the status of _recv_rest (an instant op's, ST_RESUME, ST_LIMIT)."""
-    P = _packed(ib, gb, fb, tf, free, net)
-    ops = _i2(P, A_OPS, O_FIELDS)
-    g = _i1(P, A_G)
-    ri = ops[op, O_RI]
-    g[G_RET_RI] = ri
-    g[G_RET_T] = t
-    status = ST_LIMIT
-    if _recv_done(P, ri, op, t) >= 0:
-        status = _try_c(P, ri, t)
-    g[G_STATUS] = _recv_rest(P, ri, op, t, status)
-    _note_room(P)
+    _complete_recv(_packed(ib, gb, fb, tf, free, net), op, t)
+
+
+@njit(cache=True)
+def run_net(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
+    """The message core's run (netkernels.run_events, NetCore.run) with the tapes' receives it
+    completes completed in the same call (:func:`oploop._run_net_at`; EMULATOR_TAPE=steps and
+    blocks, one shard): its status, or NET_KRECV where Python goes on after such a receive."""
+    return _run_net_at(_packed(ib, gb, fb, tf, free, net), lt, lk, lr, lo, ls, horizon)
 
 
 @njit(cache=True)

@@ -14,6 +14,7 @@ from numba import carray, njit
 from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one cache stamp (its module doc)
 from emulator.engine.kernel_memory import void_ptr as _void_ptr
 from emulator.engine.netkernels import TABLE as _NET_TABLE
+from emulator.engine.netlayout import RECV_MISMATCH as _RECV_MISMATCH
 
 # per rank
 (R_SEQ, R_OUT, R_OPSDONE, R_LAST, R_CNS, R_COMMNS, R_SUSP, R_SYNC, R_CHEAD, R_CTAIL, R_CBLK, R_LASTC,
@@ -90,7 +91,10 @@ G_RDRAIN, G_RDRAIN_RI, G_RDRAIN_T = 16, 17, 18
 # (its proxy would start among the ended block's dependents: OpCore.instant_stop starts it before the
 # program's check)
 G_PREL = 19
-G_FIELDS = 20
+# G_KRECVS: the tapes' receives completed inside the message core's run (opkernels.run_net), over the
+# run (tests count them); G_KRECV_T: when the last one of the latest run_net call completed (-1: none)
+G_KRECVS, G_KRECV_T = 20, 21
+G_FIELDS = 22
 # a kernel call starts at most MAX_DEPS + 1 sends outside the event loop, and an event as many: the
 # loop stops (ST_LIMIT, G_LOW) before an event with less room than NET_EVENT messages, and every call
 # leaves G_LOW when less than NET_LOW are left (OpCore grows the core's arrays before the next call)
@@ -117,6 +121,11 @@ ST_SDRAIN = 8
 ST_RMISMATCH = 9
 # launch_step launched a tape step's block, its send and the next step's receive (not a stop of run())
 ST_STEPPED = 10
+# run_net's return where a tape's receive it completed leaves Python something to do (its status
+# not ST_LIMIT, an error, the timeline's overflow, the message core's room, a drained receive stream):
+# after the message core's statuses (netlayout: OK .. RECV_MISMATCH), which run_net returns as they are
+NET_KRECV = 6
+assert NET_KRECV > _RECV_MISMATCH, "run_net's status follows the message core's"
 # (inside the kernels only: an instant op ended its block and the next block started behind it,
 # _instant's chain - the compute stream's loop goes on with that block's first op)
 ST_ICHAIN = 11

@@ -205,11 +205,13 @@ class KernelMessages:
         self.send_desc[id(message)] = (message, d, gpu)
         return d, stream
 
-    def complete_recv(self, op: int, t: int) -> None:
+    def complete_recv(self, op: int, t: int, done: bool = False) -> None:
         """A kernel receive's hand-over completed it (p2p.PointToPoint._core_receive): Shard._complete.
         Its rank (the kernels' G_RET_RI, read before _after's Python may call the kernels again) is
-        looked up only where Python goes on: most end in the kernels."""
-        k.complete_recv(*self.args, op, t)
+        looked up only where Python goes on: most end in the kernels. ``done``: the kernels completed
+        it already, in the message core's run (opkernels.run_net, NET_KRECV): Python's part only."""
+        if not done:
+            k.complete_recv(*self.args, op, t)
         ri = self.gm[_G_RET_RI]
         status = self._after()
         if status == _ST_LIMIT:

@@ -10,8 +10,10 @@ the ranks' event counters, which a receive's completion key takes), the point-to
 a send's injection is one kernel call (NetCore.send), its hand-over an event of the core's heap
 with the key this module would give it, and the match with a waiting receive or the mailbox
 happens there; a receive that completes comes back as RECV_DONE with the key ``_push`` would have
-given it then (Shard._run_core -> :meth:`PointToPoint._core_receive`). The rules below are the
-specification; tests/emulator/test_netcore.py holds the two paths equal."""
+given it then (Shard._run_core -> :meth:`PointToPoint._core_receive`), but a tape's kernel receive
+with EMULATOR_TAPE=steps or blocks, completed inside the core's run (opkernels.run_net; NET_KRECV
+where Python acts after it). The rules below are the specification; tests/emulator/test_netcore.py
+holds the two paths equal."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import heapq
 from emulator.engine.collective_run import Chan
 from emulator.engine.events import EV_HANDOVER, EV_OP_DONE, EV_STEP, at_event
 from emulator.engine.netkernels import RECV_DONE, RET_PEER, RET_RANK, RET_RUN, RET_SIG_LO, RET_T
-from emulator.engine.opkernels import R_SEQ
+from emulator.engine.netlayout import RECV_MISMATCH
+from emulator.engine.opkernels import NET_KRECV, R_SEQ
 from emulator.engine.ops import Op
 from emulator.engine.vgpu import VirtualGPU
 from emulator.errors import EmulatorError, ProgramError
@@ -147,8 +150,10 @@ class PointToPoint:
         return False
 
     def _core_receive(self, status: int) -> None:
-        """The core stopped at a receive: completed (RECV_DONE), or met by a message of another
-        size at its hand-over; errors carry the key of the event that the Python path raises at."""
+        """The core stopped at a receive: completed (RECV_DONE; NET_KRECV: a tape's receive that the
+        kernels completed in the core's run, opkernels.run_net, Python's part left), or met by a
+        message of another size at its hand-over; errors carry the key of the event that the Python
+        path raises at."""
         st = self.core.stv  # (Python ints)
         t = st[RET_T]
         run = st[RET_RUN]
@@ -156,15 +161,16 @@ class PointToPoint:
             ops = self.ops_core
             self.now = t
             try:
-                if status == RECV_DONE:
-                    ops.complete_recv(-2 - run, t)  # (its rank looked up only where Python goes on)
+                if status == RECV_DONE or status == NET_KRECV:
+                    # (its rank looked up only where Python goes on)
+                    ops.complete_recv(-2 - run, t, status == NET_KRECV)
                     return
                 gpu, op = ops.recv_op(-2 - run)  # (its Python op, with its name, only for the error)
                 self._check_recv(gpu, op, st[RET_PEER], st[RET_SIG_LO])
                 raise AssertionError("a receive's mismatch without one")
             except EmulatorError as exc:
                 rank = ops.recv_gpu(-2 - run).rank
-                at_event(exc, (t, EV_OP_DONE if status == RECV_DONE else EV_HANDOVER, rank))
+                at_event(exc, (t, EV_HANDOVER if status == RECV_MISMATCH else EV_OP_DONE, rank))
                 raise
         gpu, op = self.core.recvs.pop(run)
         assert gpu.rank == st[RET_RANK]

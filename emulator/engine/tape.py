@@ -39,7 +39,9 @@ With ``EMULATOR_TAPE=steps`` a step's launches after its block's proxy take one
 kernel call (OpCore.launch_step, opkernels.launch_step): the block's rest, its send and the next
 step's receive, where no Python would run between them (the block launched to its end with no
 instant op stopping it, the program not to be suspended in between: their checks, made before the
-call, see what they would see after the block); else as many calls as with ``kernel``. A proxy is
+call, see what they would see after the block); else as many calls as with ``kernel``. A receive
+completed at its hand-over completes inside the message core's run, which goes on unless Python
+must act (opkernels.run_net: no kernel call from Python per receive, as with ``kernel``). A proxy is
 still a Python op, started by a kernel call of its own where it becomes its stream's head.
 
 With ``EMULATOR_TAPE=blocks`` (the default; one shard, as the receives) a block queued behind
