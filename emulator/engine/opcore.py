@@ -545,7 +545,7 @@ class OpCore(KernelMessages):
         """Whether the kernels run the block of entry ``known`` (:meth:`known`); when they do, its
         tensor calls are counted as launched (the group's call numbers)."""
         rank = gpu.rank
-        _, b, extra = known[:3]
+        b, extra = known[1], known[2]
         # a rank's tensor stream is the kernels' or Python's, never both: a block with tensor
         # collectives goes where the rank's first such block went (the shard's gate, opcore's
         # module docstring, makes them all eligible or none)

@@ -29,7 +29,9 @@ KSENDS = 100
 ST_SENT, ST_STEPPED = 100, 101
 
 _G_ERR, _G_NOVF, _G_HEAPN, _G_STATUS, _G_RET_RI = k.G_ERR, k.G_NOVF, k.G_HEAPN, k.G_STATUS, k.G_RET_RI
+_G_SENT, _G_LOW, _G_RDRAIN, _R_OUT = k.G_SENT, k.G_LOW, k.G_RDRAIN, k.R_OUT
 _ST_LAUNCHED, _ST_SUSPEND, _ST_STEPPED, _ST_LIMIT = k.ST_LAUNCHED, k.ST_SUSPEND, k.ST_STEPPED, k.ST_LIMIT
+_ST_RMISMATCH = k.ST_RMISMATCH
 
 
 def _grown(a: np.ndarray, rows: int) -> np.ndarray:
@@ -112,8 +114,16 @@ class KernelMessages:
             self._stand_in(gpu, stream)
         if rfresh and status == _ST_STEPPED:
             self._stand_in(gpu, rstream)
-        self._after()
-        if gpu.outstanding >= shard.max_ahead and not gpu.suspended:
+        # (_after, inline: a call per tape step; _net_after's Python may call the kernels again)
+        if g[_G_ERR] or g[_G_NOVF]:
+            self._overflowed()
+        if g[_G_SENT] or g[_G_LOW] or g[_G_RDRAIN]:
+            self._net_after()
+        self.top = self.top_row[0] if g[_G_HEAPN] else INF
+        if g[_G_STATUS] == _ST_RMISMATCH:
+            self._mismatch()
+        # (CompiledGPU's outstanding and suspended without their properties)
+        if gpu._mv[_R_OUT] >= shard.max_ahead and not gpu._susp:
             shard._suspend(gpu)
         return ST_STEPPED if status == _ST_STEPPED else ST_SENT
 

@@ -132,6 +132,7 @@ class Tape:
         self.held = held
         self.i = 0  # the step being launched
         self.phase = 0  # 0: its receive, 1: its block's proxy, 2: the block's rest, 3: its send
+        # where run() returned half way through step ``i`` (run keeps them in locals meanwhile):
         self.op = None  # the step's receive (its wait() comes after the launch)
         self.memory = None  # the step's block's allocations by slot
 
@@ -140,66 +141,70 @@ class Tape:
         shard, gpu, core = self.shard, self.gpu, self.core
         steps = self.steps
         i, phase = self.i, self.phase
+        # the step's receive and its block's allocations (``op``, ``memory``) in locals, stored in
+        # the tape only where it returns (two attribute stores and loads less per step)
+        op, memory = self.op, self.memory
         n = len(steps)
         # (``gpu._susp``: CompiledGPU.suspended without its property: a tape runs on those only)
         launch = shard.launch_p2p  # (Shard.launch's rules for a send or receive the kernels do not take)
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
         fused = shard.fused_steps
+        held = self.held
+        # (the core's methods bound once per run, not once per step)
+        claim, begin_step, launch_step = core.claim, core.begin_step, core.launch_step
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
             if phase == 0:
                 phase = 1
                 if recv is not None:
                     if kernel_receives and core.launch_recv(gpu, recv[0], recv[1]):
-                        self.op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
+                        op = None  # (the block's wait for it is the kernels': opkernels.R_RPEND)
                     else:
-                        op = self.op = Op(*recv[0])
+                        op = Op(*recv[0])
                         launch(gpu, op, recv[1])
                     if gpu._susp:
-                        self.i, self.phase = i, phase
+                        self.i, self.phase, self.op = i, phase, op
                         return False
             if phase == 1:
                 phase = 2
                 after = None
-                op = self.op
                 if op is not None:  # (None: no receive, or the kernels' receive)
-                    self.op = None
                     if not op.done:  # (its wait() on "compute": begin_step takes it)
                         after = op
-                memory = self.memory = [alloc_name, self.held.pop(free_key) if free_key is not None else None]
-                claimed = core.claim(gpu, known)
+                    op = None
+                memory = [alloc_name, held.pop(free_key) if free_key is not None else None]
+                claimed = claim(gpu, known)
                 assert claimed, "a tape's block the kernels do not take"
                 core.suffix = suffix
-                core.begin_step(gpu, known, memory, after)
+                begin_step(gpu, known, memory, after)
                 if gpu._susp:
-                    self.i, self.phase = i, phase
+                    self.i, self.phase, self.op, self.memory = i, phase, None, memory
                     return False
             if phase == 2:
                 if fused:  # the block's rest, its send and the next step's receive in one kernel call
-                    status = core.launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
+                    status = launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
                 else:
                     status = core.launch_rest(gpu)
                 if status == ST_SUSPEND:  # no room in the kernels' ring yet
                     shard._suspend(gpu)
-                    self.i, self.phase = i, phase
+                    self.i, self.phase, self.op, self.memory = i, phase, None, memory
                     return False
                 phase = 3
                 if alloc_key is not None:
-                    self.held[alloc_key] = self.memory[0]
-                self.memory = None
+                    held[alloc_key] = memory[0]
+                memory = None
                 if status >= ST_SENT:  # (phase 3 done, and with ST_STEPPED the next step's phase 0)
                     i += 1
                     phase = 0
                     if status == ST_STEPPED:  # (its wait is the kernels', as launch_recv's)
                         phase = 1
-                        self.op = None
                     if gpu._susp:  # Shard.launch's check after the send (or the receive)
-                        self.i, self.phase = i, phase
+                        self.i, self.phase, self.op, self.memory = i, phase, None, None
                         return False
                     continue
                 if gpu._susp:  # Shard.launch's check after a last alloc or free row
-                    self.i, self.phase = i, phase
+                    self.i, self.phase, self.op, self.memory = i, phase, None, None
                     return False
             # phase 3
             i += 1
@@ -208,7 +213,7 @@ class Tape:
                 if not (kernel_sends and core.launch_send(gpu, send[0], send[1])):
                     launch(gpu, Op(*send[0]), send[1])
                 if gpu._susp:
-                    self.i, self.phase = i, phase
+                    self.i, self.phase, self.op, self.memory = i, phase, None, None
                     return False
-        self.i, self.phase = i, 0
+        self.i, self.phase, self.op, self.memory = i, 0, None, None
         return True
