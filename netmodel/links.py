@@ -20,7 +20,7 @@ holds it when it is sent, or that it has not delivered when it goes down.
 This module is the one place these rules live. :class:`LinkModel` is their implementation for the
 shard's Python paths (point-to-point messages, the reference collective engine, the intra-node
 closed form); the compiled collective engine implements the same functions over the same arrays
-(:meth:`LinkModel.arrays`) in emulator/engine/netkernels.py (numba caches a kernel against its own
+(:meth:`LinkModel.arrays`) in emulator/engine/netlinks.py (numba caches a kernel against its own
 file only, so its code cannot be imported from here), and tests/netmodel/test_links.py checks the
 two agree bit for bit. Both read and write one buffer of link free times, so a shard's messages see
 one FIFO per link whichever path sent them.

@@ -20,7 +20,7 @@ def describe(snap: Snapshot) -> str:
     """One line: ``virtual 1.234 s | iteration 3/200 (1.6%) | speed 0.103x | ETA 3m12s``.
 
     While the compiled collective kernels load or compile, the speed says so: the emulation may be
-    waiting for them (the first run after installing or editing emulator/engine/netkernels.py)."""
+    waiting for them (the first run after installing or editing a file of emulator/engine/kernel_cache.SOURCES)."""
     expected = snap.iterations_expected
     total = f"/{int(expected)}" if not math.isnan(expected) else ""
     progress = f" ({snap.run_progress:.1%})" if not math.isnan(snap.run_progress) else ""

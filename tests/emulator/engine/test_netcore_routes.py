@@ -36,7 +36,17 @@ def test_route_rows_are_the_topologys_routes(cluster, overrides, pairs):
     for src, dst in todo:
         rows[src, dst] = rid = core.rid(src, dst)
         route = topo.route(src, dst)
-        assert topo.route_links(src, dst) == (route.tier, route.latency_ns, route.up, route.down)
+        # (the route itself, from what the topology says of the pair, not from route_links)
+        tier = topo.tier_of(src, dst)
+        assert route.tier == tier, (src, dst)
+        if tier == 0:
+            assert route.latency_ns == topo.su_latency_ns[topo.rank_node[src]], (src, dst)
+            assert (route.up, route.down) == ((topo.su_tx[src],), (topo.su_rx[dst],)), (src, dst)
+        else:
+            assert route.latency_ns == topo.tier_latency_ns[tier], (src, dst)
+            assert len(route.up) == len(route.down) == tier, (src, dst)
+            assert route.up[0] in topo.nic_tx[topo.rank_node[src]], (src, dst)
+            assert route.down[-1] in topo.nic_rx[topo.rank_node[dst]], (src, dst)
         nup, ndown = len(route.up), len(route.down)
         row = core.rt[rid].tolist()
         assert row[:RT_LINKS] == [route.tier, route.latency_ns, nup, ndown], (src, dst)

@@ -165,7 +165,7 @@ def test_user_programs_match(example, counted):
 
 
 def test_timeline_rule_equals_the_shards():
-    """opkernels._timeline, numba's copy of ShardStats.timeline_add for tier 0, on fuzzed transfers."""
+    """opstreams._timeline, numba's copy of ShardStats.timeline_add for tier 0, on fuzzed transfers."""
     import numpy as np
 
     from emulator.config.loader import load_cluster

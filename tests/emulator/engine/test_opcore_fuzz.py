@@ -357,7 +357,7 @@ def test_closed_form_hold_equals_the_link_model():
 
 
 def test_the_kernels_key_is_the_shards():
-    """opkernels._run (under run) compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
+    """oploop._run (under opkernels.run) compares its keys ``(t, 2, rank, rank, seq)`` with the shard's other heaps' by
     the literal 2 (numba has no tuple of the shard's constants), and OpCore.top_key gives it back:
     both must stay events.EV_OP_DONE, else the merged order, hence every result, changes."""
     import numpy as np

@@ -125,10 +125,10 @@ def watching():
     def settled(self, gpu):
         # a block the kernels started where the one before it ended (EMULATOR_TAPE=blocks, one
         # shard: opstreams._chain) passes no start_block; settle gives its proxy that start
-        before = self.proxies[gpu._ri]
+        before = self.proxies.get(gpu._ri)  # (none yet: settle before its first block, e.g. an OOM report)
         settle(self, gpu)
-        head = self.proxies[gpu._ri]
-        if head is not before:
+        head = self.proxies.get(gpu._ri)
+        if head is not None and head is not before:
             starts[head] = head.t_start
 
     def done(self):

@@ -1,4 +1,4 @@
-"""The op kernels' slot and view arithmetic (opkernels._new_op, _table): what the per-event code
+"""The op kernels' slot and view arithmetic (opheap._new_op, oplayout._table): what the per-event code
 replaced a division and fifteen array arguments with must address the same memory."""
 
 from __future__ import annotations
