@@ -110,3 +110,55 @@ def test_the_ranks_of_a_stage_share_its_facts(monkeypatch):
     summary, result, _ = execute(config)
     assert sorted(walked) == [0, 1]
     assert len(result.ranks) == 64 and summary["events"] > 0
+
+
+FIRST_AND_LAST = [
+    # two stages: every step is the first or the last stage's (their embedding and logits join the block)
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4"],
+    # one stage, first and last at once: embedding, layers and logits in one block
+    ["parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.data=8", "model.num_layers=2"],
+    # interleaved: stage 0's second chunk and stage 1's first are middle chunks
+    ["parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.data=4", "model.num_layers=8"],
+    # GPipe: every forward, then every backward
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "parallel.schedule=gpipe", "training.recompute=none"],
+    # rebuilt layers' allocs and frees around each layer, a slow rank (its own template), few ops ahead
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "training.recompute=full", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]", "engine.max_ops_ahead=5"],
+    # ZeRO 1 with overlapped weight gathers: the first steps of a chunk wait for them (not taped)
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "parallel.zero_stage=1", "parallel.overlap_param_gather=true"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", FIRST_AND_LAST)
+def test_first_and_last_stage_steps_run_from_tapes_alike(overrides, monkeypatch):
+    """training.step_block: the first and last stage's plain steps join their embedding and logits
+    segments to the layers' block and run from a tape (emulator/engine/tape.py); the run is the one
+    of the program launching every block itself (EMULATOR_TAPE=0), bit for bit. Two stages or one:
+    without step_block no step would be taped."""
+    import dataclasses
+
+    from emulator.engine import shard as engine_shard
+
+    taped = [0]
+    run_tape = engine_shard.Shard.run_tape
+
+    def counting(self, gpu, steps, held):
+        taped[0] += len(steps)
+        return run_tape(self, gpu, steps, held)
+
+    monkeypatch.setattr(engine_shard.Shard, "run_tape", counting)
+    runs = []
+    for tape in ("0", "steps"):
+        monkeypatch.setenv("EMULATOR_TAPE", tape)
+        config = load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml",
+                          [*overrides, "training.global_batch_size=32", "engine.fold_tensor_groups=false"])  # fmt: skip
+        summary, result, _ = execute(config)
+        data = dataclasses.asdict(result)
+        data.pop("extra")
+        runs.append((summary["fingerprint"], data))
+        if tape == "0":
+            assert taped[0] == 0
+    assert runs[0] == runs[1]
+    assert taped[0] > 0
