@@ -1,5 +1,7 @@
 """The built-in training workload: bubble, FLOPs, memory, ZeRO traffic, out-of-memory."""
 
+import os
+
 import pytest
 
 from emulator.config.loader import load_run
@@ -162,3 +164,41 @@ def test_first_and_last_stage_steps_run_from_tapes_alike(overrides, monkeypatch)
             assert taped[0] == 0
     assert runs[0] == runs[1]
     assert taped[0] > 0
+
+
+def test_kernel_messages_in_flight_fit_the_op_heap(monkeypatch):
+    """The shape of `emulator validate`'s Megatron 70B H100 row, small (768 GPUs, TP 8 x PP 2 with a
+    layer a chunk, folded to 96 ranks): half the ranks' tape sends in flight at once in the op
+    kernels, each an event of their heap beside every rank's compute and tensor streams' - more
+    than the 2 x ranks + 16 rows the heap had, whose next rows were G_HEAPN: the kernels crashed
+    (a segfault in OpCore.run) with the sends in the kernels (EMULATOR_TAPE=sends ... blocks). The
+    heap holds a row per stream head the kernels start (OpCore.__init__), and each mode's run is
+    the Python rules' (python, 0) bit for bit."""
+    import dataclasses
+
+    from emulator.engine import opcore
+    from emulator.engine import opkernels as k
+    from emulator.engine.result import fingerprint
+    from emulator.studies.validate import megatron_h100_config, run_case
+
+    peak = {}  # the op heap's events after a kernel call, the most (the rows the old size had)
+    after = opcore.OpCore._after
+
+    def counting(self):
+        n = int(self.g[k.G_HEAPN]) - (2 * len(self.ranks) + 16)
+        peak[os.environ["EMULATOR_TAPE"]] = max(n, peak.get(os.environ["EMULATOR_TAPE"], -1 << 62))
+        return after(self)
+
+    monkeypatch.setattr(opcore.OpCore, "_after", counting)
+    config = megatron_h100_config(("tiny", 24, 512, 8, 8, 2, 768, 192))
+    assert (config.parallel.virtual_stages, config.training.global_batch_size // 48) == (12, 4)
+    runs = {}
+    for tape in ("0", "python", "sends", "blocks"):
+        monkeypatch.setenv("EMULATOR_TAPE", tape)
+        result = run_case(config)
+        data = dataclasses.asdict(result)
+        data.pop("extra")
+        runs[tape] = (fingerprint(result), data)
+    assert runs["python"] == runs["0"] and runs["sends"] == runs["0"] and runs["blocks"] == runs["0"]
+    # (the Python rules' messages are not the kernels' events; the kernels' sends were past the old rows)
+    assert peak["python"] <= 0 and peak["sends"] > 0 and peak["blocks"] > 0, peak
