@@ -164,9 +164,16 @@ class OpCore(KernelMessages):
         ring = 64
         while ring < shard.max_ahead + 128:
             ring *= 2
+        # the heap holds at most one event per stream head the kernels start: a rank's compute
+        # stream, its tensor stream and each of its NSS kernel message slots (a tape's send leaving,
+        # a receive's delivery: opsends._try_s, _try_r), and 16 rows to spare. opheap._push checks
+        # no room (numba checks no bounds) and the rows past the end are ``g``'s: sized for the two
+        # streams alone (2 * n + 16), the kernels' messages in flight overwrote G_HEAPN with a time
+        # (a segfault: 96 ranks, 48 of them sending, in validate's Megatron 70B H100 row)
+        heap_rows = (2 + k.NSS) * n + 16
         # the fixed-size arrays live in two buffers (opkernels.H_*: one argument each per kernel call)
         n_links = len(shard.links.free)
-        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (2 * n + 16, 3)),
+        fixed = ((k.H_RS, (n, k.R_FIELDS)), (k.H_OPS, (n * ring, k.O_FIELDS)), (k.H_HEAP, (heap_rows, 3)),
                  (k.H_G, (k.G_FIELDS,)), (k.H_QN, (n_links,)), (k.H_QM, (n_links,)), (k.H_OVF, (1 << 14, 4)),
                  (k.H_GR, (n, k.GR_FIELDS)))  # fmt: skip
         # each array starts on a 64-byte line (an op's row is two lines: opkernels.O_FIELDS)

@@ -85,11 +85,22 @@ def training_program(config):
     overlapped_gather = dpar.gathers_after_step(p.zero_stage) and replicas > 1 and p.overlap_param_gather
     # the last microbatch's backward reduces its experts' gradients layer by layer
     expert_buckets = experts and dpar.expert_replicas(config) > 1 and bool(expert_grad_bytes)
+    # what every stage's schedule actions (stage_facts) share: the compute ops' name suffixes
+    # (launch_prepared's), the activations' keys and their names' tails, the backward actions
+    suffixes = [f" mb{mb}" for mb in range(micro)]
+    step_keys = [[(mb, c) for c in range(p.virtual_stages)] for mb in range(micro)]
+    name_tails = [[f"{mb}.chunk{c}" for c in range(p.virtual_stages)] for mb in range(micro)]
+    backward_actions = {plain: [[(False, mb, c, plain, step_keys[mb][c], None, suffixes[mb])
+                                 for c in range(p.virtual_stages)] for mb in range(micro)]
+                        for plain in (False, True)}  # fmt: skip
     by_stage: dict[tuple[int, str], _Stage] = {}  # (stage, GPU type) -> what its ranks compute alike
     # a plain step's block (program.step_parts) as the first rank of a tensor group joined it, by
     # (forward?, chunk, stage, GPU type, id(segments), the groups' ids): the group's other members
     # hand the engine that block, whose entry (OpCore.known) it has made once
     shared_blocks: dict[tuple, list | None] = {}
+    # a prepared block (program.prepared) as the first rank of a tensor group prepared it, by
+    # (id(segments), GPU type, the groups' ids): program.run_segments
+    shared_prepared: dict[tuple, list] = {}
 
     def stage_facts(stage: int, gpu) -> _Stage:
         """What every rank of ``stage`` on a GPU of ``gpu``'s type computes alike (its layers,
@@ -124,15 +135,26 @@ def training_program(config):
         facts.root_copy_in = (dpar.zero3_copy_in_segments(root_params, gpu.spec, t.precision, grad_bytes)
                               if root_params else [])
         # the schedule's actions, each with whether it can be a tape's step whatever the rank (the
-        # static half of the program's tape_step conditions), its activations' key and name and its ops' name suffix
+        # static half of the program's run_steps conditions), its activations' key and name and its ops' name suffix
         last_stage = p.pipeline - 1
         actions = []
         buckets = [(replicas > 1 and bool(after or rest)) or expert_buckets for after, rest in facts.grad_buckets]
+        # the first and last stage's steps too (their embedding and logits segments join the block),
+        # but the last stage's with eager kernels (the loss's own allocation between the blocks)
+        eager_final = [t.kernels == "eager" and stage == last_stage and c == chunks - 1 for c in range(chunks)]
+        prefix = f"stage{stage}.activations.mb"  # (+ "<mb>.chunk<chunk>": the activations' name)
+        append = actions.append
+        # (a stage walks micro x chunks x 2 actions: 1,024 for each of the reference's 64 stages;
+        # the backward ones are every stage's alike but for ``plain``: shared, as the keys and suffixes)
         for is_forward, mb, chunk in schedule(stage, p.pipeline, micro, chunks):
-            plain = not ((stage == 0 and chunk == 0) or (stage == last_stage and chunk == chunks - 1)
-                         or (not is_forward and mb == micro - 1 and buckets[chunk]))  # fmt: skip
-            name = f"stage{stage}.activations.mb{mb}.chunk{chunk}" if is_forward and plain else None
-            actions.append((is_forward, mb, chunk, plain, (mb, chunk), name, f" mb{mb}"))
+            if is_forward:
+                if eager_final[chunk]:
+                    append((True, mb, chunk, False, step_keys[mb][chunk], None, suffixes[mb]))
+                else:
+                    append((True, mb, chunk, True, step_keys[mb][chunk], prefix + name_tails[mb][chunk], suffixes[mb]))
+            else:
+                plain = not ((mb == micro - 1 and buckets[chunk]) or eager_final[chunk])
+                append(backward_actions[plain][mb][chunk])
         facts.actions = actions
         return facts
 
@@ -195,7 +217,22 @@ def training_program(config):
             return block
 
         def run_segments(segments, suffix: str) -> None:
-            launch_prepared(gpu, prepared(segments), suffix)
+            # the block as the first rank of this rank's groups prepared it, where the compiled
+            # engine takes it (its entry is made once for the group, not once per member: opcore.
+            # OpCore.known; the members' calls share their plans, as step_parts' blocks); else,
+            # launched op by op, the rank's own calls
+            shared = group_prepared(segments) if shares else None
+            if shared is None or not gpu.launch_block(shared, None, suffix):
+                launch_prepared(gpu, prepared(segments), suffix)
+
+        shares = gpu.takes_tapes()  # (the engine's entries: a compiled per-op engine, an untraced rank)
+
+        def group_prepared(segments) -> list:
+            key = (id(segments), gpu.gpu_type, group_ids)
+            block = shared_prepared.get(key)
+            if block is None:
+                block = shared_prepared[key] = prepared(segments)
+            return block
 
         def run_layers(segments, layers: int, suffix: str) -> bool:
             """``layers`` layers of ``segments`` back to back, launched as one block (the same ops as
@@ -378,56 +415,98 @@ def training_program(config):
 
         def step_parts(is_forward: bool, chunk: int) -> tuple | None:
             """The receive, block entry (api.GPU.tape_block) and send of forward(mb, chunk) or
-            backward(mb, chunk) when it is plain, whatever the microbatch; else None."""
+            backward(mb, chunk) when it is plain, whatever the microbatch; else None. The first
+            stage's step has no receive (forward) or send (backward), the last stage's the converse."""
+            first = stage == 0 and chunk == 0
+            final = stage == last_stage and chunk == chunks - 1
             # the step's block as the first rank of this rank's groups (of its stage, GPU type and
             # segments) joined it: the same rows, hence the compiled engine's template (the members'
             # calls share their plans, opcore.OpCore._plan; a slow rank's entry is its own)
             share = (is_forward, chunk, stage, gpu.gpu_type, id(segs), group_ids)
             block = shared_blocks.get(share, False)
             if block is False:
-                if is_forward:
-                    size = act_layer * chunk_layers[chunk]
-                    block = join_layers(segs.layer_forward, chunk_layers[chunk], before=(("a", 0, size, None),))
-                else:
-                    around = ()
-                    if full_layer:
-                        around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"),
-                                  ("f", 0, full_layer, None))  # fmt: skip
-                    after = (("f", 1, act_layer * chunk_layers[chunk], None),)
-                    block = join_layers(segs.layer_backward, chunk_layers[chunk], around, after=after)
-                shared_blocks[share] = block
-            if is_forward:
-                src, tag, recv_stream = pipe.receive_source(stage, True, p.pipeline), chunk, f"pp.recv.fwd{chunk}"
-            else:
-                src = pipe.receive_source(stage, False, p.pipeline)
-                tag, recv_stream = 1000 + chunk, f"pp.recv.bwd{chunk}"
+                block = shared_blocks[share] = step_block(is_forward, chunk, first, final)
             known = None if block is None else gpu.tape_block(block)
             if known is None:
                 return None
-            dst, dst_chunk = neighbour(chunk, is_forward)
-            send = (prepared_message("send", dst, dst_chunk, "pp.send.fwd") if is_forward
-                    else prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd"))  # fmt: skip
-            return prepared_message("recv", pp_ranks[src], tag, recv_stream), known, send
-
-        def tape_step(action: tuple):
-            """The step forward(mb, chunk) or backward(mb, chunk) of ``action`` (stage_facts: its
-            schedule's) launches when it is plain (see tape.py; the conditions are theirs: the
-            static ones, no embedding or logits and no gradient buckets, are the action's), else
-            None."""
-            is_forward, mb, chunk, plain, key, name, suffix = action
-            if not plain or (is_forward and gathers and gathers.get(chunk)):
-                return None
-            parts = (forward_parts if is_forward else backward_parts)[chunk]
-            if parts is False:
-                parts = (forward_parts if is_forward else backward_parts)[chunk] = step_parts(is_forward, chunk)
-            if parts is None:
-                return None
-            recv, known, send = parts
+            recv = send = None
             if is_forward:
-                if gathers:
-                    gathers.pop(chunk, None)
-                return recv, known, key, name, None, send, suffix
-            return recv, known, None, None, key, send, suffix
+                if not first:
+                    src = pp_ranks[pipe.receive_source(stage, True, p.pipeline)]
+                    recv = prepared_message("recv", src, chunk, f"pp.recv.fwd{chunk}")
+                if not final:
+                    dst, dst_chunk = neighbour(chunk, True)
+                    send = prepared_message("send", dst, dst_chunk, "pp.send.fwd")
+            else:
+                if not final:
+                    src = pp_ranks[pipe.receive_source(stage, False, p.pipeline)]
+                    recv = prepared_message("recv", src, 1000 + chunk, f"pp.recv.bwd{chunk}")
+                if not first:
+                    dst, dst_chunk = neighbour(chunk, False)
+                    send = prepared_message("send", dst, 1000 + dst_chunk, "pp.send.bwd")
+            return recv, known, send
+
+        def step_block(is_forward: bool, chunk: int, first: bool, final: bool) -> list | None:
+            """The one block of a plain step: the ops forward / backward launch between its receive
+            and its send, in their order - the activations' alloc, the embedding's segments (first
+            stage), the chunk's layers (join_layers), the logits' (last stage), then, backward, the
+            activations' free; None when they cannot be one block: a part before another ends with
+            an overlapped collective not waited for, which its own launch_prepared would forget
+            and the joined block's next "w" would wait for (repeat_prepared)."""
+            n = chunk_layers[chunk]
+            size = act_layer * n + (logits_bytes(config) if final and not eager else 0)
+            if is_forward:
+                parts = [[("a", 0, size, None)]]
+                if first:
+                    parts.append(prepared(segs.embedding_forward))
+                parts.append(join_layers(segs.layer_forward, n))
+                if final:
+                    parts.append(prepared(segs.logits_forward))
+            else:
+                around = ()
+                if full_layer:
+                    around = (("a", 0, full_layer, f"stage{stage}.recomputed_layer"), ("f", 0, full_layer, None))
+                parts = [prepared(segs.logits_backward)] if final else []
+                parts.append(join_layers(segs.layer_backward, n, around))
+                if first:
+                    parts.append(prepared(segs.embedding_backward))
+                parts.append([("f", 1, size, None)])
+            if any(part is None for part in parts) or any(repeat_prepared(part, 1) is None for part in parts[:-1]):
+                return None
+            return [row for part in parts for row in part]
+
+        def run_steps(i: int) -> int:
+            """Launch the plain steps among the actions from ``i`` on (stage_facts: its schedule's)
+            from tapes, 16 steps at most to a tape (a tape holds its steps until it ends: peak
+            memory), up to the first that is not; returns its index. A step forward(mb, chunk) or
+            backward(mb, chunk) launches when it is plain (see tape.py; the conditions are theirs:
+            the static ones, no gradient buckets, are the action's; here the dynamic ones: no
+            overlapped weight gather to wait for, a block the compiled engine takes)."""
+            tape: list = []
+            n = len(actions)
+            while i < n:
+                is_forward, mb, chunk, plain, key, name, suffix = actions[i]
+                if not plain or (is_forward and gathers and gathers.get(chunk)):
+                    break
+                parts = (forward_parts if is_forward else backward_parts)[chunk]
+                if parts is False:
+                    parts = (forward_parts if is_forward else backward_parts)[chunk] = step_parts(is_forward, chunk)
+                if parts is None:
+                    break
+                recv, known, send = parts
+                if is_forward:
+                    if gathers:
+                        gathers.pop(chunk, None)
+                    tape.append((recv, known, key, name, None, send, suffix))
+                else:
+                    tape.append((recv, known, None, None, key, send, suffix))
+                i += 1
+                if len(tape) == 16:
+                    gpu.run_tape(tape, activations)
+                    tape = []
+            if tape:
+                gpu.run_tape(tape, activations)
+            return i
 
         def reduce_bucket(size: int, group=None) -> None:
             group = group or grad_group
@@ -448,24 +527,19 @@ def training_program(config):
             for c, buckets in enumerate(gather_buckets):
                 gathers[c] = [(layer, gpu.all_gather(size, grad_group, async_op=True, stream="dp"))
                               for layer, size in buckets]  # fmt: skip
-            tape: list = []  # plain steps not launched yet (tape_step)
-            for action in actions:
-                step = tape_step(action) if tapes else None
-                if step is not None:
-                    tape.append(step)
-                    if len(tape) == 16:  # (a tape holds its steps until it ends: a few at a time)
-                        gpu.run_tape(tape, activations)
-                        tape = []
-                    continue
-                if tape:
-                    gpu.run_tape(tape, activations)
-                    tape = []
-                if action[0]:
-                    forward(action[1], action[2])
+            i, n = 0, len(actions)
+            while i < n:
+                if tapes:
+                    after = run_steps(i)
+                    if after > i:
+                        i = after
+                        continue
+                is_forward, mb, chunk = actions[i][:3]
+                if is_forward:
+                    forward(mb, chunk)
                 else:
-                    backward(action[1], action[2])
-            if tape:
-                gpu.run_tape(tape, activations)
+                    backward(mb, chunk)
+                i += 1
             for size, group in late_buckets:
                 pending.append(getattr(gpu, reduce_op)(size, group, async_op=True, stream="dp"))
             late_buckets.clear()

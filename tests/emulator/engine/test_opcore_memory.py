@@ -45,9 +45,10 @@ CASES = [
 @pytest.fixture
 def statuses(monkeypatch):
     """The instant-op statuses OpCore.instant_stop handled, and how many blocks with memory rows
-    the kernels took."""
+    the kernels took: launched by the program (OpCore.launch) or from a tape (OpCore.begin_step:
+    with one stage every step is the first and last stage's, all taped)."""
     seen = {"memory_blocks": 0}
-    stop, launch = OpCore.instant_stop, OpCore.launch
+    stop, launch, begin_step = OpCore.instant_stop, OpCore.launch, OpCore.begin_step
 
     def stopping(self, gpu, status, t):
         seen[status] = seen.get(status, 0) + 1
@@ -58,8 +59,13 @@ def statuses(monkeypatch):
         seen["memory_blocks"] += bool(done and memory)
         return done
 
+    def stepping(self, gpu, known, memory, after):
+        seen["memory_blocks"] += known[4] is not None  # (its memory rows)
+        return begin_step(self, gpu, known, memory, after)
+
     monkeypatch.setattr(OpCore, "instant_stop", stopping)
     monkeypatch.setattr(OpCore, "launch", launching)
+    monkeypatch.setattr(OpCore, "begin_step", stepping)
     return seen
 
 

@@ -1,5 +1,7 @@
 """The built-in training workload: bubble, FLOPs, memory, ZeRO traffic, out-of-memory."""
 
+import os
+
 import pytest
 
 from emulator.config.loader import load_run
@@ -110,3 +112,93 @@ def test_the_ranks_of_a_stage_share_its_facts(monkeypatch):
     summary, result, _ = execute(config)
     assert sorted(walked) == [0, 1]
     assert len(result.ranks) == 64 and summary["events"] > 0
+
+
+FIRST_AND_LAST = [
+    # two stages: every step is the first or the last stage's (their embedding and logits join the block)
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4"],
+    # one stage, first and last at once: embedding, layers and logits in one block
+    ["parallel.pipeline=1", "parallel.virtual_stages=1", "parallel.data=8", "model.num_layers=2"],
+    # interleaved: stage 0's second chunk and stage 1's first are middle chunks
+    ["parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.data=4", "model.num_layers=8"],
+    # GPipe: every forward, then every backward
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "parallel.schedule=gpipe", "training.recompute=none"],
+    # rebuilt layers' allocs and frees around each layer, a slow rank (its own template), few ops ahead
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "training.recompute=full", "faults.slow_gpu=[{ranks: [5], factor: 0.9}]", "engine.max_ops_ahead=5"],
+    # ZeRO 1 with overlapped weight gathers: the first steps of a chunk wait for them (not taped)
+    ["parallel.pipeline=2", "parallel.virtual_stages=1", "parallel.data=4", "model.num_layers=4",
+     "parallel.zero_stage=1", "parallel.overlap_param_gather=true"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", FIRST_AND_LAST)
+def test_first_and_last_stage_steps_run_from_tapes_alike(overrides, monkeypatch):
+    """training.step_block: the first and last stage's plain steps join their embedding and logits
+    segments to the layers' block and run from a tape (emulator/engine/tape.py); the run is the one
+    of the program launching every block itself (EMULATOR_TAPE=0), bit for bit. Two stages or one:
+    without step_block no step would be taped."""
+    import dataclasses
+
+    from emulator.engine import shard as engine_shard
+
+    taped = [0]
+    run_tape = engine_shard.Shard.run_tape
+
+    def counting(self, gpu, steps, held):
+        taped[0] += len(steps)
+        return run_tape(self, gpu, steps, held)
+
+    monkeypatch.setattr(engine_shard.Shard, "run_tape", counting)
+    runs = []
+    for tape in ("0", "steps"):
+        monkeypatch.setenv("EMULATOR_TAPE", tape)
+        config = load_run(CONFIGS / "runs" / "megatron-175b-64gpu.yaml",
+                          [*overrides, "training.global_batch_size=32", "engine.fold_tensor_groups=false"])  # fmt: skip
+        summary, result, _ = execute(config)
+        data = dataclasses.asdict(result)
+        data.pop("extra")
+        runs.append((summary["fingerprint"], data))
+        if tape == "0":
+            assert taped[0] == 0
+    assert runs[0] == runs[1]
+    assert taped[0] > 0
+
+
+def test_kernel_messages_in_flight_fit_the_op_heap(monkeypatch):
+    """The shape of `emulator validate`'s Megatron 70B H100 row, small (768 GPUs, TP 8 x PP 2 with a
+    layer a chunk, folded to 96 ranks): half the ranks' tape sends in flight at once in the op
+    kernels, each an event of their heap beside every rank's compute and tensor streams' - more
+    than the 2 x ranks + 16 rows the heap had, whose next rows were G_HEAPN: the kernels crashed
+    (a segfault in OpCore.run) with the sends in the kernels (EMULATOR_TAPE=sends ... blocks). The
+    heap holds a row per stream head the kernels start (OpCore.__init__), and each mode's run is
+    the Python rules' (python, 0) bit for bit."""
+    import dataclasses
+
+    from emulator.engine import opcore
+    from emulator.engine import opkernels as k
+    from emulator.engine.result import fingerprint
+    from emulator.studies.validate import megatron_h100_config, run_case
+
+    peak = {}  # the op heap's events after a kernel call, the most (the rows the old size had)
+    after = opcore.OpCore._after
+
+    def counting(self):
+        n = int(self.g[k.G_HEAPN]) - (2 * len(self.ranks) + 16)
+        peak[os.environ["EMULATOR_TAPE"]] = max(n, peak.get(os.environ["EMULATOR_TAPE"], -1 << 62))
+        return after(self)
+
+    monkeypatch.setattr(opcore.OpCore, "_after", counting)
+    config = megatron_h100_config(("tiny", 24, 512, 8, 8, 2, 768, 192))
+    assert (config.parallel.virtual_stages, config.training.global_batch_size // 48) == (12, 4)
+    runs = {}
+    for tape in ("0", "python", "sends", "blocks"):
+        monkeypatch.setenv("EMULATOR_TAPE", tape)
+        result = run_case(config)
+        data = dataclasses.asdict(result)
+        data.pop("extra")
+        runs[tape] = (fingerprint(result), data)
+    assert runs["python"] == runs["0"] and runs["sends"] == runs["0"] and runs["blocks"] == runs["0"]
+    # (the Python rules' messages are not the kernels' events; the kernels' sends were past the old rows)
+    assert peak["python"] <= 0 and peak["sends"] > 0 and peak["blocks"] > 0, peak
