@@ -193,12 +193,14 @@ def test_kernel_messages_in_flight_fit_the_op_heap(monkeypatch):
     config = megatron_h100_config(("tiny", 24, 512, 8, 8, 2, 768, 192))
     assert (config.parallel.virtual_stages, config.training.global_batch_size // 48) == (12, 4)
     runs = {}
-    for tape in ("0", "python", "sends", "blocks"):
+    for tape in ("0", "python", "sends", "kernel", "blocks"):
         monkeypatch.setenv("EMULATOR_TAPE", tape)
         result = run_case(config)
         data = dataclasses.asdict(result)
         data.pop("extra")
         runs[tape] = (fingerprint(result), data)
-    assert runs["python"] == runs["0"] and runs["sends"] == runs["0"] and runs["blocks"] == runs["0"]
-    # (the Python rules' messages are not the kernels' events; the kernels' sends were past the old rows)
-    assert peak["python"] <= 0 and peak["sends"] > 0 and peak["blocks"] > 0, peak
+    assert all(runs[tape] == runs["0"] for tape in runs), [tape for tape in runs if runs[tape] != runs["0"]]
+    # (the Python rules' messages are not the kernels' events; the kernels' sends were past the old rows.
+    # Counted after each kernel call from Python: in ``blocks`` most receives complete inside the
+    # message core's run (oploop._run_net_at), which this count does not see, so ``kernel`` stands in)
+    assert peak["python"] <= 0 and peak["sends"] > 0 and peak["kernel"] > 0, peak
