@@ -126,7 +126,7 @@ class NetCore:
         self.links = stats.links
         self.lbw, self.lfree, self.lwp, self.lwns, self.lwf = self.links.arrays()
         # bytes, busy ns, messages, max wait ns, queueing ns and queued messages (charged to the
-        # link that held a message back: see netkernels._queued); flush() adds them to the links'
+        # link that held a message back: see netlinks._queued); flush() adds them to the links'
         self.lstat = np.zeros((6, n_links), i64)
         # live monitoring only (never read by the engine): virtual ns and calls per collective
         # kind, summed over members
@@ -167,7 +167,7 @@ class NetCore:
         if table is None:
             table = np.zeros(TABLE_COLS * len(TABLE), np.int64)
         for i, (name, a) in enumerate(zip(TABLE, self.args, strict=True)):
-            # the kernels view the arrays through their data pointers with this layout (netkernels._views)
+            # the kernels view the arrays through their data pointers with this layout (netlayout._views)
             assert a.flags.c_contiguous, f"the kernels' array {name} is C-contiguous"
             assert a.ndim == (2 if name in TABLE_2D else 1), f"the kernels' array {name} has {a.ndim} dimensions"
             assert a.dtype == (np.float64 if name in TABLE_FLOAT else np.int64), f"{name} is {a.dtype}"
@@ -490,7 +490,7 @@ _warming: threading.Thread | None = None
 
 def prepare_kernels() -> None:
     """Load the kernels in a background thread, once per process, while the run starts in Python:
-    the first run after an edit of netkernels.py compiles them (tens of seconds), which would
+    the first run after an edit of a file in kernel_cache.SOURCES compiles them (tens of seconds), which would
     otherwise stall the run - and its live figures - at its first message-level collective.
 
     Not a daemon thread: the interpreter waits for it at exit rather than killing numba mid-compile.
