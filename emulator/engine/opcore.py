@@ -311,10 +311,11 @@ class OpCore(KernelMessages):
         g = self.gm
         if g[k.G_ERR]:
             raise AssertionError(
-                {1: "compiled op engine: a ring or dependency table overflowed",
+                {1: "compiled op engine: a ring, dependency table or the timeline's overflow rows overflowed",
                  2: "compiled op engine: a tensor group's members' calls differ",
                  3: "compiled op engine: a rank's event counter passed its packed key's bound",
-                 4: "compiled op engine: a send's block is not the compute stream's last"}[g[k.G_ERR]]
+                 4: "compiled op engine: a send's block is not the compute stream's last",
+                 5: "compiled op engine: a receive completed at once released more than a gated op"}[g[k.G_ERR]]
             )  # fmt: skip
         if g[k.G_NOVF]:
             add = self.shard.stats.timeline_add
@@ -867,13 +868,17 @@ _HUGE_BYTES = 4 << 20
 
 
 def _zeros(n: int, dtype) -> np.ndarray:
-    """``np.zeros(n, dtype)``; from :data:`_HUGE_BYTES` in anonymous mapped pages (zeros, small
-    pages: no madvise for huge ones), which the array keeps alive as its base."""
+    """``np.zeros(n, dtype)``; from :data:`_HUGE_BYTES` in a private anonymous mapping (zeros) that
+    asks for small pages (numpy's own allocation asks for huge ones), which the array keeps alive
+    as its base. Private: a forked process (a sweep's worker) gets its own copy, as of numpy's."""
     dtype = np.dtype(dtype)
     size = n * dtype.itemsize
     if size < _HUGE_BYTES:
         return np.zeros(n, dtype)
-    return np.frombuffer(mmap.mmap(-1, size), dtype, n)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # (Linux; with THP "always" a private mapping would take huge pages)
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype, n)
 
 
 @functools.lru_cache(maxsize=1 << 12)  # (the ranks of a stage make blocks of the same rows: one plan for them)

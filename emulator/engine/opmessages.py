@@ -135,9 +135,10 @@ class KernelMessages:
             return -1, None
         if gpu.pending_waits and name in gpu.pending_waits:
             return -1, None
-        # (the program prepares each message once: its descriptor by the tuple's identity)
+        # (the program prepares each message once: its descriptor by the tuple's identity, for the
+        # rank and stream it was made for - a descriptor's slot is its stream's)
         known = self.send_desc.get(id(message))
-        if known is not None and known[0] is message and known[2] is gpu:
+        if known is not None and known[0] is message and known[2] is gpu and known[3] == name:
             return known[1], stream
         _, _, dst, _, tag = message
         if self.shard.rank_shard[dst] != self.shard.index:
@@ -145,7 +146,7 @@ class KernelMessages:
         d = self._descriptor(gpu, name, dst, tag)
         if d < 0:
             return -1, None
-        self.send_desc[id(message)] = (message, d, gpu)
+        self.send_desc[id(message)] = (message, d, gpu, name)
         return d, stream
 
     def _stand_in_counts(self, gpu: VirtualGPU, stream) -> None:
@@ -206,13 +207,13 @@ class KernelMessages:
         if stream is None:
             return -1, None
         known = self.send_desc.get(id(message))
-        if known is not None and known[0] is message and known[2] is gpu:
+        if known is not None and known[0] is message and known[2] is gpu and known[3] == name:
             return known[1], stream
         _, _, src, _, tag = message
         d = self._descriptor(gpu, name, src, tag, True)
         if d < 0:
             return -1, None
-        self.send_desc[id(message)] = (message, d, gpu)
+        self.send_desc[id(message)] = (message, d, gpu, name)
         return d, stream
 
     def complete_recv(self, op: int, t: int, done: bool = False) -> None:
