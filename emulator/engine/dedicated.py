@@ -83,21 +83,7 @@ class DedicatedRules:
             op.ds = delay
             op.cdep = clast if clast is not None and not clast.done else None
             gpu.cross_queued.append(op)
-        ops = stream.ops
-        ops.append(op)
-        stream.last = op
-        mv = gpu._mv
-        outstanding = mv[R_OUT] + 1
-        mv[R_OUT] = outstanding
-        if len(ops) == 1:
-            if left:  # _try_start's first test, inline: it would only note the wait
-                if stream.blocked_since < 0:
-                    stream.blocked_since = self.now
-            else:
-                self._try_start(gpu, stream)
-                outstanding = mv[R_OUT]
-        if outstanding >= self.max_ahead and not gpu._susp:
-            self._suspend(gpu)
+        self._enqueue(gpu, stream, op, left)
 
     def _launch_block_compiled(self, gpu: VirtualGPU, op: Op, after: Op | None) -> None:
         """:meth:`launch` of a block's proxy (opcore.OpCore.begin_step) on ``compute`` of a CompiledGPU,
@@ -143,6 +129,12 @@ class DedicatedRules:
         dl = delay + op.a
         op.dl = op.d if op.d < dl else dl  # (lookahead.block_bound)
         op.cum = launched
+        self._enqueue(gpu, stream, op, left)
+
+    def _enqueue(self, gpu: VirtualGPU, stream, op: Op, left: int) -> None:
+        """The end of both launches above (Shard.launch's): ``op`` (``left`` dependencies not done)
+        queued on ``stream``, counted outstanding, started where it is the head and waits for
+        nothing, and the program suspended at ``max_ops_ahead``."""
         ops = stream.ops
         ops.append(op)
         stream.last = op
