@@ -27,12 +27,13 @@ from emulator.errors import ConfigError
 # same), or no tapes (the program launches every step itself); ``steps`` fuses a step's kernel calls,
 # ``blocks`` (the default) also chains a tape's blocks in the kernels; the results are the same
 TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks")
+DEFAULT_TAPE = "blocks"
 
 
 def tape_mode() -> str:
     """The ``EMULATOR_TAPE`` of this process (``blocks`` when unset), read in the driver into
     :attr:`EngineSettings.tape`; another value is a ConfigError (a typo would measure another mode)."""
-    mode = os.environ.get("EMULATOR_TAPE", "blocks")
+    mode = os.environ.get("EMULATOR_TAPE", DEFAULT_TAPE)
     if mode not in TAPE_MODES:
         raise ConfigError(f"EMULATOR_TAPE={mode!r}: expected one of {', '.join(TAPE_MODES)}")
     return mode
@@ -67,7 +68,7 @@ class EngineSettings:
     # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
     # keep a job's stages whole; empty without jobs
     jobs: tuple[tuple[tuple[int, ...], int], ...] = ()
-    tape: str = "blocks"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
+    tape: str = DEFAULT_TAPE  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
 
     @classmethod
     def from_run_config(cls, config) -> EngineSettings:
