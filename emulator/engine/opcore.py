@@ -237,6 +237,13 @@ class OpCore(KernelMessages, BlockTemplates):
         self.n_sd = 0
         self.desc_of: dict[tuple, int] = {}
         self.send_desc: dict[int, tuple] = {}  # id(a prepared message) -> (it, its descriptor, its GPU)
+        # the steps one launch_steps call hands the kernels (opkernels.launch_steps' ``st``), at most
+        # this many (the program is suspended after a few blocks' ops: max_ops_ahead)
+        self.step_rows = np.zeros((16, 5), np.int64)
+        self.step_view = memoryview(self.step_rows.reshape(-1))
+        # template b -> the outstanding ops a step of its block adds (launch_steps: Tape.run's proxy, the
+        # block's rows after the first but its waits, the send and the next step's receive)
+        self.step_out: dict[int, int] = {}
         self.slot_names: dict[int, list] = {}  # rank index -> stream names by slot
         self.slot_descs: dict[tuple, list] = {}  # (rank, stream) -> its descriptors
         self.stand_ins: dict[tuple, Op] = {}
@@ -419,18 +426,19 @@ class OpCore(KernelMessages, BlockTemplates):
         """The block's proxy launched on the shard's compute stream (its stream position and
         dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
         # the block's first op: its stream position and dependencies on the shard's compute stream
-        self.shard.launch(gpu, self._proxy(gpu, known, memory), "compute")
+        gpu._mv[_R_BEGIN] = known[1]  # begun by the rank's next kernel call (opstreams._begin_pending)
+        self.shard.launch(gpu, self._proxy(known, memory), "compute")
 
     def begin_step(self, gpu: VirtualGPU, known: tuple, memory: list, after: Op | None) -> None:
         """:meth:`begin` for a tape's step (tape.py), the step's receive ``after`` (None: done, or
         none) waited for first (Op.wait): Shard.launch_block, that launch's rules for a proxy."""
-        self.shard.launch_block(gpu, self._proxy(gpu, known, memory), after)
+        gpu._mv[_R_BEGIN] = known[1]
+        self.shard.launch_block(gpu, self._proxy(known, memory), after)
 
-    def _proxy(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> Op:
-        """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
-        Allocations (:meth:`begin`)."""
-        _, b, _, figures, mem_rows, plan = known
-        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opstreams._begin_pending)
+    def _proxy(self, known: tuple, memory: list | None) -> Op:
+        """A block's proxy and its memory rows' Allocations (:meth:`begin`; the caller begins its
+        block: R_BEGIN, or the kernels' launch_steps)."""
+        _, _, _, figures, mem_rows, plan = known
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         # (with its entry and its ops' names' suffix, for a deadlock report: diagnose.py)
         proxy = BlockProxy(figures, known, self.suffix)

@@ -25,8 +25,9 @@ from emulator.errors import ConfigError
 # how the built-in program's plain pipeline steps run (emulator/engine/tape.py): from tapes with
 # their sends and receives in the op kernels, their sends only, their messages in Python ("1": the
 # same), or no tapes (the program launches every step itself); ``steps`` fuses a step's kernel calls,
-# ``blocks`` (the default) also chains a tape's blocks in the kernels; the results are the same
-TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks")
+# ``blocks`` (the default) also chains a tape's blocks in the kernels, ``arrays`` also launches a run of
+# chained steps in one kernel call; the results are the same
+TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks", "arrays")
 
 
 def tape_mode() -> str:

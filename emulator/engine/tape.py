@@ -88,27 +88,33 @@ def enabled(mode: str | None = None) -> bool:
 def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
     its receives (``kernel``, ``steps``, or ``blocks``, the default); a tape in Python with ``python`` (or ``1``)."""
-    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks")
+    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks", "arrays")
 
 
 def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
     ``steps``, or ``blocks``, the default; one shard only: Shard.kernel_receives)."""
-    return (mode or _mode()) in ("kernel", "steps", "blocks")
+    return (mode or _mode()) in ("kernel", "steps", "blocks", "arrays")
 
 
 def fused_steps(mode: str | None = None) -> bool:
     """Whether a step's block, its send and the next step's receive are launched in one kernel call
     (``EMULATOR_TAPE=steps``, or ``blocks``, the default; OpCore.launch_step) rather than one call each
     (``kernel``)."""
-    return (mode or _mode()) in ("steps", "blocks")
+    return (mode or _mode()) in ("steps", "blocks", "arrays")
 
 
 def kernel_blocks(mode: str | None = None) -> bool:
     """Whether a step's block queued behind another starts in the kernels where that one ends, its
     proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opstreams._chain and
     OpCore.settle; one shard only: Shard.chain_blocks)."""
-    return (mode or _mode()) == "blocks"
+    return (mode or _mode()) in ("blocks", "arrays")
+
+
+def batched_steps(mode: str | None = None) -> bool:
+    """Whether a run of a tape's chained steps is launched in one kernel call (``EMULATOR_TAPE=arrays``:
+    as ``blocks``, plus OpCore.launch_steps; one shard, the dedicated rules: Shard.batch_steps)."""
+    return (mode or _mode()) == "arrays"
 
 
 class Tape:
@@ -150,11 +156,13 @@ class Tape:
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
         fused = shard.fused_steps
+        batch = shard.batch_steps
         held = self.held
         # (the core's methods bound once per run, not once per step)
         claim, begin_step, launch_step = core.claim, core.begin_step, core.launch_step
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
+            status = None  # (launch_steps': the status launch_step gave its last step)
             if phase == 0:
                 phase = 1
                 if recv is not None:
@@ -166,6 +174,14 @@ class Tape:
                     if gpu._susp:
                         self.i, self.phase, self.op = i, phase, op
                         return False
+            if phase == 1 and batch and op is None:
+                # steps from here to the kernels in one call, up to the one launched last, whose
+                # phase 2 goes on with launch_step's status for it (OpCore.launch_steps)
+                got = core.launch_steps(gpu, steps, i, held)
+                if got is not None:
+                    i, memory, status = got
+                    recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
+                    phase = 2
             if phase == 1:
                 phase = 2
                 after = None
@@ -182,7 +198,9 @@ class Tape:
                     self.i, self.phase, self.op, self.memory = i, phase, None, memory
                     return False
             if phase == 2:
-                if fused:  # the block's rest, its send and the next step's receive in one kernel call
+                if status is not None:
+                    pass  # (launched by launch_steps)
+                elif fused:  # the block's rest, its send and the next step's receive in one kernel call
                     status = launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
                 else:
                     status = core.launch_rest(gpu)
