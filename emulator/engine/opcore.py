@@ -450,12 +450,18 @@ class OpCore(KernelMessages, BlockTemplates):
             finals, kept, freed = plan
             for slot, name, size in finals:
                 memory[slot] = Allocation(given[slot] if name is None else name, size)
-            net = list(map(memory.__getitem__, kept))  # (no comprehension's frame: a slot or two)
+            # (tuples built a slot at a time: a block keeps or frees a slot or two, most none or one,
+            # where a comprehension's frame or a map's bound method cost more than the slot)
+            net = ()
+            for slot in kept:
+                net += (memory[slot],)
+            dropped = ()
             for slot in freed:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            proxy.mem = (net, list(map(given.__getitem__, freed)), mem_rows, given)
+                dropped += (obj,)
+            proxy.mem = (net, dropped, mem_rows, given)
         return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:

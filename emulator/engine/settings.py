@@ -68,7 +68,7 @@ class EngineSettings:
     # the ranks of one of its pipeline stages (all of them for a job without stages), so that shards
     # keep a job's stages whole; empty without jobs
     jobs: tuple[tuple[tuple[int, ...], int], ...] = ()
-    tape: str = "blocks"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
+    tape: str = "arrays"  # the EMULATOR_TAPE mode (TAPE_MODES) every shard runs: the driver's
 
     @classmethod
     def from_run_config(cls, config) -> EngineSettings:
