@@ -151,6 +151,29 @@ class DedicatedRules:
         if outstanding >= self.max_ahead and not gpu._susp:
             self._suspend(gpu)
 
+    def _queue_chained(self, gpu: VirtualGPU, proxies: list) -> None:
+        """:meth:`_launch_block_compiled`'s rules for proxies whose launches the kernels made
+        (OpCore.launch_steps: R_AUTO 1, one more outstanding op each, no suspension), in order,
+        behind the running or queued block's proxy that is the compute stream's last: each waits for
+        nothing, and the stream's head does not change."""
+        stream = gpu.streams["compute"]
+        append = stream.ops.append
+        launched = stream.launched_ns
+        delay = stream.last.dl
+        for op in proxies:
+            op.stream = stream
+            op.gpu = gpu
+            a = op.a
+            launched += a
+            delay += a
+            if op.d < delay:
+                delay = op.d  # (lookahead.block_bound)
+            op.dl = delay
+            op.cum = launched
+            append(op)
+        stream.launched_ns = launched
+        stream.last = op
+
     def _complete_compiled(self, gpu: VirtualGPU, op: Op, t: int, start_next: bool = True) -> None:
         """:meth:`_complete` for a CompiledGPU, line for line: ``outstanding`` and ``flops_done`` in
         the kernels' arrays, ``suspended`` and ``sync_op`` as CompiledGPU's own fields (what its

@@ -237,6 +237,13 @@ class OpCore(KernelMessages, BlockTemplates):
         self.n_sd = 0
         self.desc_of: dict[tuple, int] = {}
         self.send_desc: dict[int, tuple] = {}  # id(a prepared message) -> (it, its descriptor, its GPU)
+        # the steps one launch_steps call hands the kernels (opkernels.launch_steps' ``st``), at most
+        # this many (the program is suspended after a few blocks' ops: max_ops_ahead)
+        self.step_rows = np.zeros((16, 5), np.int64)
+        self.step_view = memoryview(self.step_rows.reshape(-1))
+        # template b -> the outstanding ops a step of its block adds (launch_steps: Tape.run's proxy, the
+        # block's rows after the first but its waits, the send and the next step's receive)
+        self.step_out: dict[int, int] = {}
         self.slot_names: dict[int, list] = {}  # rank index -> stream names by slot
         self.slot_descs: dict[tuple, list] = {}  # (rank, stream) -> its descriptors
         self.stand_ins: dict[tuple, Op] = {}
@@ -419,18 +426,19 @@ class OpCore(KernelMessages, BlockTemplates):
         """The block's proxy launched on the shard's compute stream (its stream position and
         dependencies; Shard.launch may suspend the program after it); :meth:`launch_rest` goes on."""
         # the block's first op: its stream position and dependencies on the shard's compute stream
-        self.shard.launch(gpu, self._proxy(gpu, known, memory), "compute")
+        gpu._mv[_R_BEGIN] = known[1]  # begun by the rank's next kernel call (opstreams._begin_pending)
+        self.shard.launch(gpu, self._proxy(known, memory), "compute")
 
     def begin_step(self, gpu: VirtualGPU, known: tuple, memory: list, after: Op | None) -> None:
         """:meth:`begin` for a tape's step (tape.py), the step's receive ``after`` (None: done, or
         none) waited for first (Op.wait): Shard.launch_block, that launch's rules for a proxy."""
-        self.shard.launch_block(gpu, self._proxy(gpu, known, memory), after)
+        gpu._mv[_R_BEGIN] = known[1]
+        self.shard.launch_block(gpu, self._proxy(known, memory), after)
 
-    def _proxy(self, gpu: VirtualGPU, known: tuple, memory: list | None) -> Op:
-        """A block's proxy, its block begun by the rank's next kernel call, and its memory rows'
-        Allocations (:meth:`begin`)."""
-        _, b, _, figures, mem_rows, plan = known
-        gpu._mv[_R_BEGIN] = b  # begun by the rank's next kernel call (opstreams._begin_pending)
+    def _proxy(self, known: tuple, memory: list | None) -> Op:
+        """A block's proxy and its memory rows' Allocations (:meth:`begin`; the caller begins its
+        block: R_BEGIN, or the kernels' launch_steps)."""
+        _, _, _, figures, mem_rows, plan = known
         # the proxy, which takes the block's last compute op's figures when it completes (block_done)
         # (with its entry and its ops' names' suffix, for a deadlock report: diagnose.py)
         proxy = BlockProxy(figures, known, self.suffix)
@@ -442,12 +450,18 @@ class OpCore(KernelMessages, BlockTemplates):
             finals, kept, freed = plan
             for slot, name, size in finals:
                 memory[slot] = Allocation(given[slot] if name is None else name, size)
-            net = list(map(memory.__getitem__, kept))  # (no comprehension's frame: a slot or two)
+            # (tuples built a slot at a time: a block keeps or frees a slot or two, most none or one,
+            # where a comprehension's frame or a map's bound method cost more than the slot)
+            net = ()
+            for slot in kept:
+                net += (memory[slot],)
+            dropped = ()
             for slot in freed:
                 obj = given[slot]
                 assert not obj.freed, obj  # (GPU.free's check; the built-in workload frees once)
                 obj.freed = True
-            proxy.mem = (net, list(map(given.__getitem__, freed)), mem_rows, given)
+                dropped += (obj,)
+            proxy.mem = (net, dropped, mem_rows, given)
         return proxy
 
     def launch_rest(self, gpu: VirtualGPU) -> int:
@@ -606,19 +620,26 @@ class OpCore(KernelMessages, BlockTemplates):
         mv[_R_ADONE] = 0
         stream = gpu.streams["compute"]
         pop = stream.ops.popleft
-        update, difference_update = gpu.allocations.update, gpu.allocations.difference_update
+        # a settled proxy is off the stream and nothing holds it (no dependents, not the stream's
+        # last: its head is after it, and the program holds no proxy), so only what it leaves is
+        # written: its allocations, whose adds then discards, each in one call, leave the set the
+        # per-proxy order would (an allocation is freed after it was made, and once), and its
+        # duration; its own flags (done, started) no one reads again. test_tape_blocks.py checks
+        # the proxies' kinds and dependents that the kernels' chain conditions guarantee
+        adds: list = []
+        drops: list = []
         done_ns = 0
         for _ in range(n):
             proxy = pop()
-            assert proxy.kind == BLOCK and proxy.dependents is None, proxy
-            proxy.started = proxy.done = True  # (one started by the kernels: as by _try_start)
             entry = proxy.mem
-            if entry is not None:  # (_apply_memory, inline: most blocks allocate or free)
-                proxy.mem = None
-                # (the same adds, then discards, in the same order as a loop of each, in C)
-                update(entry[0])
-                difference_update(entry[1])
+            if entry is not None:  # (_apply_memory's, batched: most blocks allocate or free)
+                adds += entry[0]
+                drops += entry[1]
             done_ns += proxy.a
+        if adds or drops:
+            live = gpu.allocations
+            live.update(adds)
+            live.difference_update(drops)
         stream.done_ns += done_ns
         head = stream.ops[0]
         assert head.kind == BLOCK and not head.started and not head.deps_left and stream.blocked_since < 0, head

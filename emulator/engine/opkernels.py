@@ -247,7 +247,7 @@ __all__ = [
     "SS_HIT", "SS_SEAL", "SS_TAIL", "SS_WAIT", "ST_BLOCK_DONE", "ST_IBLOCK", "ST_IRESUME", "ST_LAUNCHED", "ST_LIMIT",
     "ST_OOM", "ST_RESUME", "ST_RMISMATCH", "ST_SDRAIN", "ST_STEPPED", "ST_SUSPEND", "S_DONE", "S_LAUNCHED",
     "S_STARTED", "_NET_TABLE", "_new_op", "_pop", "_push", "_run", "_start", "_table", "_timeline", "complete_recv",
-    "cont", "launch_recv", "launch_rest", "launch_send", "launch_step", "run", "run_net", "start_block",
+    "cont", "launch_recv", "launch_rest", "launch_send", "launch_step", "launch_steps", "run", "run_net", "start_block",
 ]  # fmt: skip
 
 
@@ -341,3 +341,39 @@ def launch_step(ib, gb, fb, tf, free, net, ri, now, d, size, dep, rd, rsize):
                 _launch_recv(P, ri, rd, rsize, 1, now)
                 g[G_STATUS] = ST_STEPPED
     _note_room(P)
+
+
+@njit(cache=True)
+def launch_steps(ib, gb, fb, tf, free, net, ri, now, st, n):
+    """Steps ``st[0:n]`` of a tape (``st[s] = (block, d, size, rd, rsize)``: the block's template,
+    its send's descriptor and size, the next step's receive's; EMULATOR_TAPE=arrays,
+    OpCore.launch_steps) launched in one call, each as the per-step calls would launch it: its
+    proxy's part (R_BEGIN, R_AUTO 1, one more outstanding op: Shard._launch_block_compiled, whose
+    chain conditions the caller checked for the first, and which each later one meets behind the
+    block before it), then :func:`launch_step`'s. A step is launched only where the program would
+    not be suspended after its proxy (Shard.launch's check); the call goes on to the next only
+    where this one ended as a step whose Python after the call has nothing to do (ST_STEPPED, no
+    flag for OpCore._after, the program not to be suspended). Returns how many steps it launched
+    (0: none); G_STATUS is the last one's (launch_step's)."""
+    P = _packed(ib, gb, fb, tf, free, net)
+    rs = _i2(P, A_RS, R_FIELDS)
+    g = _i1(P, A_G)
+    max_ahead = g[G_MAXAHEAD]
+    for s in range(n):
+        if rs[ri, R_OUT] + 1 >= max_ahead or rs[ri, R_SUSP]:
+            return s  # (the program is suspended after this step's proxy: the per-step path's)
+        rs[ri, R_BEGIN] = st[s, 0]
+        rs[ri, R_AUTO] = 1
+        rs[ri, R_OUT] += 1
+        _begin_pending(P, ri)
+        _launch_rest(P, ri, now)
+        if g[G_STATUS] == ST_LAUNCHED:
+            _launch_send(P, ri, st[s, 1], st[s, 2], 1, now)
+            if rs[ri, R_OUT] < max_ahead and not rs[ri, R_SUSP]:
+                _launch_recv(P, ri, st[s, 3], st[s, 4], 1, now)
+                g[G_STATUS] = ST_STEPPED
+        _note_room(P)
+        if (g[G_STATUS] != ST_STEPPED or g[G_ERR] or g[G_NOVF] or g[G_SENT] or g[G_LOW] or g[G_RDRAIN]
+                or rs[ri, R_OUT] >= max_ahead):
+            return s + 1
+    return n

@@ -96,6 +96,13 @@ class KernelMessages:
         shard = self.shard
         k.launch_step(*self.args, gpu._ri, shard.now, d, send[0][3] if d >= 0 else 0,
                       dep, rd, recv[0][3] if rd >= 0 else 0)  # fmt: skip
+        return self._stepped(gpu, stream, rstream, fresh, rfresh)
+
+    def _stepped(self, gpu: VirtualGPU, stream, rstream, fresh: bool, rfresh: bool) -> int:
+        """:meth:`launch_step`'s checks after its kernel call (also after launch_steps' last step):
+        its status (``stream`` / ``rstream``: the send's and receive's streams, ``fresh`` /
+        ``rfresh`` where they take their stand-in now)."""
+        shard = self.shard
         g = self.gm
         status = g[_G_STATUS]
         if status != _ST_LAUNCHED and status != _ST_STEPPED:  # launch_rest's checks after its call
@@ -126,6 +133,93 @@ class KernelMessages:
         if gpu._mv[_R_OUT] >= shard.max_ahead and not gpu._susp:
             shard._suspend(gpu)
         return ST_STEPPED if status == _ST_STEPPED else ST_SENT
+
+    def launch_steps(self, gpu: VirtualGPU, steps: list, i: int, held: dict) -> tuple | None:
+        """Steps ``i``, ``i + 1``, ... of a tape (tape.py's ``steps``, the program's ``held``) launched in
+        one kernel call (opkernels.launch_steps; EMULATOR_TAPE=arrays) from step ``i``'s phase 1 with
+        no receive of Python's to wait for: each as Tape.run's phases 1 and 2 launch it with
+        :meth:`launch_step`, its block's proxy queued behind the one before (Shard._queue_chained).
+        A step goes to the kernels where the per-step path would make the same calls with nothing of
+        Python's between them: its proxy chained (R_AUTO 1: the first's conditions checked here), its
+        send and the next step's receive on their streams' kernel slots with known descriptors, no
+        stand-in to make; the kernels stop where the program would be suspended or Python must
+        act. Then Python makes the proxies, their Allocations and the program's ``held`` entries,
+        in the same order, with the same values. Returns None (nothing launched: the per-step path
+        goes on), else ``(j, memory, status)``: steps ``i`` to ``j - 1`` launched, step ``j``'s proxy
+        made (its allocations ``memory``) and ``status`` what launch_step returned for it."""
+        shard = self.shard
+        streams = gpu.streams
+        last = streams["compute"].last
+        faults = shard.compute_faults
+        # Shard._launch_block_compiled's chain conditions (R_AUTO) for step i's proxy
+        if (gpu.pending_waits or last is None or last.kind != BLOCK or last.done or last.dependents is not None
+                or (faults is not None and gpu.rank in faults.ranks)):  # fmt: skip
+            return None
+        n = len(steps)
+        rank = gpu.rank
+        python_ranks = self.python_ranks
+        # (the descriptors of the messages the per-step path launched before: _send_slot's and
+        # _recv_slot's by the message's identity - held in the values, so an id is its message's)
+        send_desc = self.send_desc
+        sv = self.step_view  # (step_rows, flat: a Python int a write)
+        rows = self.step_rows.shape[0]
+        checked = None  # the (send, receive) streams found taking kernel messages (_kernel_stream)
+        # the rank's outstanding ops as the kernels will count them: no more steps than they launch
+        # before the program would be suspended (opkernels.launch_steps' stops)
+        out, max_ahead, step_out = gpu._mv[_R_OUT], shard.max_ahead, self.step_out
+        s = i
+        m = 0
+        while s + 1 < n and m < rows and out + 1 < max_ahead:
+            _, known, _, _, _, send, _ = steps[s]
+            recv = steps[s + 1][0]
+            if send is None or recv is None:
+                break
+            b = known[1]
+            if b < 0 or (known[2] and rank in python_ranks):
+                break
+            smsg, sname = send
+            rmsg, rname = recv
+            e = send_desc.get(id(smsg))
+            r = send_desc.get(id(rmsg))
+            if e is None or r is None or e[2] is not gpu or r[2] is not gpu or e[3] != sname or r[3] != rname:
+                break
+            names = (sname, rname)
+            if names != checked:  # (nothing changes the streams before the call)
+                if sname == rname or not (_takes(streams.get(sname)) and _takes(streams.get(rname))):
+                    break
+                checked = names
+            o = 5 * m
+            sv[o], sv[o + 1], sv[o + 2], sv[o + 3], sv[o + 4] = b, e[1], smsg[3], r[1], rmsg[3]
+            m += 1
+            s += 1
+            added = step_out.get(b)
+            if added is None:
+                row0, count = self.tp[b]
+                added = step_out[b] = 3 + int(np.count_nonzero(self.ti[row0 + 1 : row0 + count, 0] != k.I_W))
+            out += added
+            if out >= max_ahead:
+                break
+        if not m:
+            return None
+        c = k.launch_steps(*self.args, gpu._ri, shard.now, self.step_rows, m)
+        if not c:
+            return None
+        # the launched steps' proxies (claim, OpCore._proxy, Shard._queue_chained) and ``held``
+        claim, proxy_of = self.claim, self._proxy
+        j = i + c - 1
+        proxies = []
+        for s in range(i, j + 1):
+            _, known, alloc_key, alloc_name, free_key, _, suffix = steps[s]
+            memory = [alloc_name, held.pop(free_key) if free_key is not None else None]
+            if known[2]:  # (claim does nothing else for a block the kernels take, checked above)
+                claim(gpu, known)
+            self.suffix = suffix
+            proxies.append(proxy_of(known, memory))
+            if s < j and alloc_key is not None:
+                held[alloc_key] = memory[0]
+        shard._queue_chained(gpu, proxies)
+        send = steps[j][5]
+        return j, memory, self._stepped(gpu, streams[send[1]], streams[steps[j + 1][0][1]], False, False)
 
     def _send_slot(self, gpu: VirtualGPU, message: tuple, name: str) -> tuple:
         """launch_send's checks: ``(descriptor, stream)``, or ``(-1, None)`` where the Python rules
@@ -396,6 +490,15 @@ class KernelMessages:
             shard._try_start(gpu, stream)
         if resume and gpu.suspended and (gpu.sync_op is not None or gpu.outstanding <= shard.max_ahead >> 1):
             shard._maybe_resume(gpu)
+
+
+def _takes(stream) -> bool:
+    """Whether the kernels take ``stream``'s next message with its stand-in in place (as
+    :func:`_kernel_stream`, the stand-in made already: OpCore.launch_steps)."""
+    if stream is None:
+        return False
+    ops = stream.ops
+    return len(ops) == 1 and ops[0].kind == KSENDS and not ops[0].d
 
 
 def _kernel_stream(gpu: VirtualGPU, name: str):

@@ -25,13 +25,14 @@ from emulator.errors import ConfigError
 # how the built-in program's plain pipeline steps run (emulator/engine/tape.py): from tapes with
 # their sends and receives in the op kernels, their sends only, their messages in Python ("1": the
 # same), or no tapes (the program launches every step itself); ``steps`` fuses a step's kernel calls,
-# ``blocks`` (the default) also chains a tape's blocks in the kernels; the results are the same
-TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks")
-DEFAULT_TAPE = "blocks"
+# ``blocks`` also chains a tape's blocks in the kernels, ``arrays`` (the default) also launches a run of
+# chained steps in one kernel call; the results are the same
+TAPE_MODES = ("kernel", "sends", "python", "1", "0", "steps", "blocks", "arrays")
+DEFAULT_TAPE = "arrays"
 
 
 def tape_mode() -> str:
-    """The ``EMULATOR_TAPE`` of this process (``blocks`` when unset), read in the driver into
+    """The ``EMULATOR_TAPE`` of this process (``arrays`` when unset), read in the driver into
     :attr:`EngineSettings.tape`; another value is a ConfigError (a typo would measure another mode)."""
     mode = os.environ.get("EMULATOR_TAPE", DEFAULT_TAPE)
     if mode not in TAPE_MODES:

@@ -44,6 +44,7 @@ from emulator.engine.p2p import PointToPoint
 from emulator.engine.settings import EngineSettings
 from emulator.engine.stats import ShardStats
 from emulator.engine.tape import Tape
+from emulator.engine.tape import batched_steps as tape_batched_steps
 from emulator.engine.tape import enabled as tape_enabled
 from emulator.engine.tape import fused_steps as tape_fused_steps
 from emulator.engine.tape import kernel_blocks as tape_kernel_blocks
@@ -160,6 +161,9 @@ class Shard(DedicatedRules, PointToPoint, CollectiveExecution):
             self._complete = self._complete_compiled
             self.launch_p2p = self._launch_p2p_compiled
             self.launch_block = self._launch_block_compiled
+        # a run of a tape's chained steps launched in one kernel call (EMULATOR_TAPE=arrays,
+        # OpCore.launch_steps), their proxies made after it: the dedicated rules' launches only
+        self.batch_steps = self.chain_blocks and self.dedicated and tape_batched_steps(settings.tape)
 
     def _closed_tensor_ops(self) -> bool:
         """Whether every node group runs the tensor group's collectives with analytic algorithms (so

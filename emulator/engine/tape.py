@@ -44,7 +44,7 @@ completed at its hand-over completes inside the message core's run, which goes o
 must act (opkernels.run_net: no kernel call from Python per receive, as with ``kernel``). A proxy is
 still a Python op, started by a kernel call of its own where it becomes its stream's head.
 
-With ``EMULATOR_TAPE=blocks`` (the default; one shard, as the receives) a block queued behind
+With ``EMULATOR_TAPE=blocks`` (one shard, as the receives) a block queued behind
 another starts in the kernels where that one ends, and that one's proxy completes there too
 (opstreams._chain, and _instant for a block ending with an alloc or free: the same counts, event
 keys and order), where its proxy waits for nothing of Python's and nothing of Python's waits for
@@ -59,12 +59,23 @@ report, a deadlock report and the figures (ShardStats.flush). What a lagging cop
 does not happen meanwhile: a done proxy had no dependents, no Python op can become the head behind
 a running block, and the lengths Shard.launch compares are above one either way.
 
+With ``EMULATOR_TAPE=arrays`` (the default: as ``blocks``; one shard, the dedicated rules) a run of
+chained steps is launched in one kernel call (OpCore.launch_steps, opkernels.launch_steps) from a
+step's phase 1 where its block would chain (the R_AUTO conditions above) and its send and the next
+step's receive go to kernel slots with known descriptors: the kernels make each step's proxy's part
+(R_BEGIN, R_AUTO, one more outstanding op) and launch_step's, step after step, stopping before a
+step whose proxy would suspend the program and after one whose status leaves Python something to
+do; Python then makes the launched steps' proxies (Shard._queue_chained), Allocations and ``held``
+entries in the same order with the same values, and the last step's phase 2 goes on with
+launch_step's status for it (tasks i24k, i24l: docs/performance.md).
+
 ``EMULATOR_TAPE=0`` in the environment turns tapes off (the program launches every step itself),
 ``EMULATOR_TAPE=python`` keeps a tape's messages in Python (the specification of the kernels'),
 ``sends`` runs only its sends in the kernels, ``kernel`` its sends and receives with a kernel call
-each, ``steps`` as ``kernel`` with a step's calls fused, ``blocks`` (the default) as ``steps`` with
-its blocks chained: tests/emulator/engine/test_tape.py and test_tape_steps.py compare whole runs
-these ways, bit for bit.
+each, ``steps`` as ``kernel`` with a step's calls fused, ``blocks`` as ``steps`` with
+its blocks chained, ``arrays`` as ``blocks`` with runs of steps in one call: tests/emulator/engine/
+test_tape.py, test_tape_steps.py, test_tape_blocks.py and test_tape_arrays.py compare whole runs these
+ways, bit for bit.
 The driver reads it once into the engine settings (settings.tape_mode, EngineSettings.tape) and every
 shard runs that mode, Ray actors too, wherever their cluster was started (tests/actors/test_tape_ray.py).
 """
@@ -87,28 +98,35 @@ def enabled(mode: str | None = None) -> bool:
 
 def kernel_sends(mode: str | None = None) -> bool:
     """Whether a tape's pipeline sends run in the kernels: alone (``EMULATOR_TAPE=sends``) or with
-    its receives (``kernel``, ``steps``, or ``blocks``, the default); a tape in Python with ``python`` (or ``1``)."""
-    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks")
+    its receives (``kernel``, ``steps``, ``blocks`` or ``arrays``, the default); a tape in Python with
+    ``python`` (or ``1``)."""
+    return (mode or _mode()) in ("sends", "kernel", "steps", "blocks", "arrays")
 
 
 def kernel_receives(mode: str | None = None) -> bool:
     """Whether a tape's pipeline receives run in the kernels too (``EMULATOR_TAPE=kernel`` or
-    ``steps``, or ``blocks``, the default; one shard only: Shard.kernel_receives)."""
-    return (mode or _mode()) in ("kernel", "steps", "blocks")
+    ``steps``, ``blocks`` or ``arrays``, the default; one shard only: Shard.kernel_receives)."""
+    return (mode or _mode()) in ("kernel", "steps", "blocks", "arrays")
 
 
 def fused_steps(mode: str | None = None) -> bool:
     """Whether a step's block, its send and the next step's receive are launched in one kernel call
-    (``EMULATOR_TAPE=steps``, or ``blocks``, the default; OpCore.launch_step) rather than one call each
+    (``EMULATOR_TAPE=steps``, ``blocks`` or ``arrays``, the default; OpCore.launch_step) rather than one call each
     (``kernel``)."""
-    return (mode or _mode()) in ("steps", "blocks")
+    return (mode or _mode()) in ("steps", "blocks", "arrays")
 
 
 def kernel_blocks(mode: str | None = None) -> bool:
     """Whether a step's block queued behind another starts in the kernels where that one ends, its
     proxy completed there too (``EMULATOR_TAPE=blocks``: as ``steps``, plus opstreams._chain and
     OpCore.settle; one shard only: Shard.chain_blocks)."""
-    return (mode or _mode()) == "blocks"
+    return (mode or _mode()) in ("blocks", "arrays")
+
+
+def batched_steps(mode: str | None = None) -> bool:
+    """Whether a run of a tape's chained steps is launched in one kernel call (``EMULATOR_TAPE=arrays``:
+    as ``blocks``, plus OpCore.launch_steps; one shard, the dedicated rules: Shard.batch_steps)."""
+    return (mode or _mode()) == "arrays"
 
 
 class Tape:
@@ -150,11 +168,13 @@ class Tape:
         kernel_sends = shard.kernel_sends
         kernel_receives = shard.kernel_receives
         fused = shard.fused_steps
+        batch = shard.batch_steps
         held = self.held
         # (the core's methods bound once per run, not once per step)
         claim, begin_step, launch_step = core.claim, core.begin_step, core.launch_step
         while i < n:
             recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
+            status = None  # (launch_steps': the status launch_step gave its last step)
             if phase == 0:
                 phase = 1
                 if recv is not None:
@@ -166,6 +186,14 @@ class Tape:
                     if gpu._susp:
                         self.i, self.phase, self.op = i, phase, op
                         return False
+            if phase == 1 and batch and op is None:
+                # steps from here to the kernels in one call, up to the one launched last, whose
+                # phase 2 goes on with launch_step's status for it (OpCore.launch_steps)
+                got = core.launch_steps(gpu, steps, i, held)
+                if got is not None:
+                    i, memory, status = got
+                    recv, known, alloc_key, alloc_name, free_key, send, suffix = steps[i]
+                    phase = 2
             if phase == 1:
                 phase = 2
                 after = None
@@ -182,7 +210,9 @@ class Tape:
                     self.i, self.phase, self.op, self.memory = i, phase, None, memory
                     return False
             if phase == 2:
-                if fused:  # the block's rest, its send and the next step's receive in one kernel call
+                if status is not None:
+                    pass  # (launched by launch_steps)
+                elif fused:  # the block's rest, its send and the next step's receive in one kernel call
                     status = launch_step(gpu, send, steps[i + 1][0] if i + 1 < n and kernel_receives else None)
                 else:
                     status = core.launch_rest(gpu)

@@ -106,10 +106,12 @@ def _kernels(base: str, overrides: list[str], monkeypatch, shards: int = 1):
     """The run with the tapes' messages in the kernels, one kernel call per launch (``kernel``) and a
     step's block, send and next receive in one call (``steps``, OpCore.launch_step), and a block
     queued behind another started and its proxy completed in the kernels (``blocks``,
-    opstreams._chain, OpCore.settle): all alike."""
+    opstreams._chain, OpCore.settle), and a run of chained steps launched in one kernel call
+    (``arrays``, OpCore.launch_steps): all alike."""
     kernel = _run(base, overrides, "kernel", monkeypatch, shards)
     assert kernel == _run(base, overrides, "steps", monkeypatch, shards), (base, overrides, "steps")
     assert kernel == _run(base, overrides, "blocks", monkeypatch, shards), (base, overrides, "blocks")
+    assert kernel == _run(base, overrides, "arrays", monkeypatch, shards), (base, overrides, "arrays")
     return kernel
 
 

@@ -31,7 +31,7 @@ from tests.conftest import CONFIGS
 from tests.emulator.engine.test_opcore_fuzz import run_dir
 
 RUN = CONFIGS / "runs" / "megatron-175b-64gpu.yaml"
-MODES = ["0", "python", "sends", "kernel", "steps", "blocks"]
+MODES = ["0", "python", "sends", "kernel", "steps", "blocks", "arrays"]
 # rank 8 (stage 1) 20x slower: rank 16's backward messages reach it long before it receives them
 SLOW_8 = ["faults.slow_gpu=[{ranks: [8], factor: 0.05}]", "engine.fold_tensor_groups=false",
           "engine.max_ops_ahead=2", "training.global_batch_size=16"]  # fmt: skip

@@ -193,7 +193,7 @@ def test_kernel_messages_in_flight_fit_the_op_heap(monkeypatch):
     config = megatron_h100_config(("tiny", 24, 512, 8, 8, 2, 768, 192))
     assert (config.parallel.virtual_stages, config.training.global_batch_size // 48) == (12, 4)
     runs = {}
-    for tape in ("0", "python", "sends", "kernel", "blocks"):
+    for tape in ("0", "python", "sends", "kernel", "blocks", "arrays"):
         monkeypatch.setenv("EMULATOR_TAPE", tape)
         result = run_case(config)
         data = dataclasses.asdict(result)
