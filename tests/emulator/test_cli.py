@@ -190,3 +190,16 @@ def test_quiet_run_without_metrics_port_builds_no_monitor(tmp_path):
     subprocess.run([sys.executable, "-c", code, "run", path, "--quiet", "--out", str(tmp_path / "run")],
                    cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     assert (tmp_path / "run" / "trace.json").is_file()
+
+
+def test_the_command_lines_process_ends_as_pythons_exit_would(tmp_path):
+    """cli._end_process (the command line's own process, after its command): the threads that are
+    not daemons finish, the atexit handlers run, the output is flushed, the exit code is kept."""
+    code = ("import atexit, threading, time; from emulator import cli; "
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start(); "
+            "atexit.register(print, 'atexit ran'); print('output', end=' '); cli._end_process(3)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 3 and done.stdout.split() == ["output", "thread", "done", "atexit", "ran"], done
+    run = subprocess.run([sys.executable, "-m", "emulator", "run", str(CONFIGS / "examples" / "ping-pong.yaml"),
+                          "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.startswith("ping-pong") and (tmp_path / "trace.json").is_file(), run
