@@ -1,5 +1,6 @@
 """The command line: exit codes, one-line errors, collbench JSON, check's memory table."""
 
+import gc
 import json
 import subprocess
 import sys
@@ -203,3 +204,18 @@ def test_the_command_lines_process_ends_as_pythons_exit_would(tmp_path):
     run = subprocess.run([sys.executable, "-m", "emulator", "run", str(CONFIGS / "examples" / "ping-pong.yaml"),
                           "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0 and run.stdout.startswith("ping-pong") and (tmp_path / "trace.json").is_file(), run
+
+
+def test_the_command_lines_run_tunes_the_collector_from_its_start(tmp_path):
+    """``emulator run`` (the command line's own process) raises the collector's first threshold
+    before its imports (gc_tuning); main called with ``argv`` leaves the collector as it is."""
+    from emulator.engine.gc_tuning import YOUNG_THRESHOLD
+
+    code = ("import atexit, gc, sys; from emulator.cli import main; "
+            "atexit.register(lambda: print('threshold', gc.get_threshold()[0])); sys.exit(main())")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", code, "run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--quiet",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0 and f"threshold {YOUNG_THRESHOLD}" in run.stdout, run
+    before = gc.get_threshold()
+    assert main(["run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--quiet", "--out", str(tmp_path)]) == 0
+    assert gc.get_threshold() == before
