@@ -15,12 +15,14 @@ from emulator.workloads.programs import resolve_program
 
 
 class InlineTransport:
-    """Shards as objects of this process; a batch is the list of records itself."""
+    """Shards as objects of this process; a batch is the list of records itself. ``observed``: whether
+    the driver has an observer, the only reader of the shards' live figures at the finish."""
 
-    def __init__(self, shards: list[Shard], world_size: int):
+    def __init__(self, shards: list[Shard], world_size: int, observed: bool = True):
         self.objs = shards
         self.shards = len(shards)
         self.world_size = world_size
+        self.observed = observed
 
     def start(self) -> dict:
         return self._each({i: (shard.start, (), False) for i, shard in enumerate(self.objs)})
@@ -48,8 +50,10 @@ class InlineTransport:
         batches = {dst: (len(recs), min(r[0] for r in recs), recs) for dst, recs in out.items() if recs}
         return next_time, bound, batches, shard.live_stats() if want_stats else None, busy_s
 
-    def finish(self) -> list[tuple[list, dict, dict]]:
-        return [(s.blocked(), export_shard(s), s.live_stats()) for s in self.objs]
+    def finish(self) -> list[tuple[list, dict, dict | None]]:
+        # (the live figures walk every rank and link: 0.02 s at the end of the straggler run, for nobody
+        # in a run without an observer)
+        return [(s.blocked(), export_shard(s), s.live_stats() if self.observed else None) for s in self.objs]
 
     def salvage(self, lost: set[int]) -> list[dict | None]:
         return [export_shard(s) for s in self.objs]  # in-process: none is ever lost
@@ -67,4 +71,5 @@ def run_inline(config, topo, shards: int = 1, observer: Observer | None = None, 
     with relaxed_gc():
         objs = [Shard(topo, ranks, rank_shard, i, program, settings, args, trace_ranks, fold, config)
                 for i, ranks in enumerate(layout)]  # fmt: skip
-        return drive(InlineTransport(objs, topo.world_size), topo.min_cross_node_latency_ns(), observer)
+        transport = InlineTransport(objs, topo.world_size, observer is not None)
+        return drive(transport, topo.min_cross_node_latency_ns(), observer)

@@ -43,7 +43,8 @@ def relaxed_gc() -> Iterator[None]:
 
 
 def tune_process() -> None:
-    """For processes that only host shards (Ray actors): tune once, for good."""
+    """For processes that only host shards (Ray actors), and the command line's ``emulator run``
+    from its start (emulator/cli.py): tune once, for good."""
     old = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, old[1], old[2])

@@ -15,6 +15,14 @@ module before they define a kernel. A numba without that list keeps its per-file
 warning says so. tests/emulator/engine/test_kernel_cache.py checks that every file of the project
 that caches a kernel is listed with every project module it imports, and that an edit of a callee's
 file recompiles its caller.
+
+A kernel of these files also loads from the cache for less: numba refreshes its compiler's registries
+before every load (it imports some 40 of its modules and installs their typing and lowering tables,
+~0.2-0.3 s of CPU, once per process), which a compile needs and a load does not - the cached object
+code is linked as it is, against numba's runtime (NRT), which is initialised as numba's refresh does.
+A cache miss compiles, and numba's compiler refreshes the registries itself first.
+:func:`cached` says whether a run would compile at all (netcore.prepare_kernels compiles ahead,
+in a thread, only then).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import os
 import warnings
 
 from numba.core import caching
+from numba.core.dispatcher import Dispatcher
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,6 +61,7 @@ SOURCES = tuple(
 
 _groups: dict[str, tuple[str, ...]] = {}  # real path of a file -> the files stamped together with it
 _stamps: dict[tuple[str, ...], bytes] = {}  # (the group, each file's (mtime, size)) -> its stamp
+_locators: tuple[type, ...] = ()  # install's locator classes: a cache found by one is a grouped kernel's
 
 
 def group_stamp(files: tuple[str, ...]) -> bytes:
@@ -84,6 +94,44 @@ def _stamped(base):
     return Locator
 
 
+def _load_without_refresh(numbas_load):
+    """numba's ``Cache.load_overload``, without its refresh of the compiler's registries for a kernel of
+    the grouped files (the module doc); another library's cached function loads as numba loads it."""
+    from numba.core.runtime import rtsys
+
+    def load_overload(self, sig, target_context):
+        if not isinstance(self._impl.locator, _locators):
+            return numbas_load(self, sig, target_context)
+        rtsys.initialize(target_context)  # what the loaded code calls (numba's refresh starts with it)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    load_overload.without_refresh = True
+    return load_overload
+
+
+def cached(modules) -> bool:
+    """Whether every kernel that Python calls in ``modules`` (those not inlined into other kernels) has
+    machine code for this machine in numba's cache, compiled from the files as they are now: the
+    index numba reads (its version, the group's stamp) holds a key with this machine and the
+    function's bytecode."""
+    from numba.core.registry import cpu_target
+
+    codegen = cpu_target.target_context.codegen()
+    for module in modules:
+        for kernel in vars(module).values():
+            if (not isinstance(kernel, Dispatcher) or kernel.py_func.__module__ != module.__name__
+                    or kernel.targetoptions.get("inline") == "always"):  # fmt: skip
+                continue
+            cache = kernel._cache
+            if not isinstance(cache, caching.Cache):
+                return False  # a kernel without numba's cache: compiled by every process
+            wanted = cache._index_key(None, codegen)[1:]  # (a key: the signature, the machine, the bytecode)
+            if not any(key[1:] == wanted for key in cache._cache_file._load_index()):
+                return False
+    return True
+
+
 def install(files: tuple[str, ...]) -> bool:
     """Stamp the kernels of ``files`` (defined after this call) with one stamp; False where this
     numba has no locator list to extend (each file then keeps its own stamp)."""
@@ -104,6 +152,11 @@ def install(files: tuple[str, ...]) -> bool:
         _groups[path] = group
     if not any(getattr(c, "__name__", "").startswith("Grouped") for c in classes):
         classes[:0] = [_stamped(base) for base in bases]
+    global _locators
+    _locators = tuple(c for c in classes if getattr(c, "__name__", "").startswith("Grouped"))
+    numbas_load = getattr(caching.Cache, "load_overload", None)
+    if hasattr(caching.Cache, "_load_overload") and not getattr(numbas_load, "without_refresh", False):
+        caching.Cache.load_overload = _load_without_refresh(numbas_load)
     return True
 
 

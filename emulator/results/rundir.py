@@ -126,8 +126,9 @@ def write_results(out_dir: str | Path, config, summary: dict, result: RunResult,
             with (out / "timeline.csv").open("w", newline="") as f:
                 f.write(",".join(columns) + "\r\n")
                 f.write(timeline.csv_lines())
-        else:
-            write_csv(out / f"{name}.csv", getattr(data, name), columns)
+        else:  # ranks.csv, histograms.csv: formatted directly where the csv module would write str's text
+            rows = getattr(data, name)
+            write_csv(out / f"{name}.csv", rows, columns, plain=tables.rows_plain(rows))
     # compact JSON, streamed: a traced node of 8 GPUs over many iterations is easily 10^6 events
     write_trace(out / "trace.json", result, topo, timeline,
                 {"name": summary.get("name", ""), "fingerprint": summary.get("fingerprint", "")})  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import repeat
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -212,6 +212,17 @@ def csv_plain(texts) -> bool:
     """Whether the csv module writes each of ``texts`` as it is (no quoting: no delimiter, quote or
     line break, not empty)."""
     return all(text and not any(c in text for c in ',"\r\n') for text in texts)
+
+
+def rows_plain(rows: list[dict]) -> bool:
+    """:meth:`TableColumns.plain` of a table given by rows (dicts): every value an int, a float or a
+    string that needs no quoting, no bool nor None."""
+    values = list(chain.from_iterable(map(dict.values, rows)))
+    types = set(map(type, values))
+    if not types <= {int, float, str}:
+        return False
+    texts = [v for v in values if type(v) is str] if str in types else []
+    return all(texts) and not any(c in "\0".join(texts) for c in ',"\r\n')
 
 
 _OPTIONAL = ("message_bytes", "link_bytes")

@@ -1,5 +1,6 @@
 """The command line: exit codes, one-line errors, collbench JSON, check's memory table."""
 
+import gc
 import json
 import subprocess
 import sys
@@ -190,3 +191,31 @@ def test_quiet_run_without_metrics_port_builds_no_monitor(tmp_path):
     subprocess.run([sys.executable, "-c", code, "run", path, "--quiet", "--out", str(tmp_path / "run")],
                    cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     assert (tmp_path / "run" / "trace.json").is_file()
+
+
+def test_the_command_lines_process_ends_as_pythons_exit_would(tmp_path):
+    """cli._end_process (the command line's own process, after its command): the threads that are
+    not daemons finish, the atexit handlers run, the output is flushed, the exit code is kept."""
+    code = ("import atexit, threading, time; from emulator import cli; "
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start(); "
+            "atexit.register(print, 'atexit ran'); print('output', end=' '); cli._end_process(3)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 3 and done.stdout.split() == ["output", "thread", "done", "atexit", "ran"], done
+    run = subprocess.run([sys.executable, "-m", "emulator", "run", str(CONFIGS / "examples" / "ping-pong.yaml"),
+                          "--quiet", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.startswith("ping-pong") and (tmp_path / "trace.json").is_file(), run
+
+
+def test_the_command_lines_run_tunes_the_collector_from_its_start(tmp_path):
+    """``emulator run`` (the command line's own process) raises the collector's first threshold
+    before its imports (gc_tuning); main called with ``argv`` leaves the collector as it is."""
+    from emulator.engine.gc_tuning import YOUNG_THRESHOLD
+
+    code = ("import atexit, gc, sys; from emulator.cli import main; "
+            "atexit.register(lambda: print('threshold', gc.get_threshold()[0])); sys.exit(main())")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", code, "run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--quiet",
+                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0 and f"threshold {YOUNG_THRESHOLD}" in run.stdout, run
+    before = gc.get_threshold()
+    assert main(["run", str(CONFIGS / "examples" / "ping-pong.yaml"), "--quiet", "--out", str(tmp_path)]) == 0
+    assert gc.get_threshold() == before

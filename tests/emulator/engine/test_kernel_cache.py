@@ -184,3 +184,54 @@ def test_opkernels_still_offers_every_name_taken_from_it():
     assert {"R_SEQ", "ST_SUSPEND", "_push", "launch_step", "A_NOVF", "_NET_TABLE"} <= taken, "the scan is wrong"
     assert not taken - set(opkernels.__all__), sorted(taken - set(opkernels.__all__))
     assert all(hasattr(opkernels, name) for name in opkernels.__all__)
+
+
+def test_a_cached_kernel_loads_without_the_compilers_registries(tmp_path):
+    """kernel_cache loads a grouped kernel's machine code without numba's refresh of its compiler's
+    registries (imports such as numba.np.polynomial); ``cached`` says when every kernel is in the cache;
+    a signature missing from the cache still compiles after such a load."""
+    (tmp_path / "mod.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from numba import njit
+
+        @njit(cache=True)
+        def f(n):
+            return np.arange(n).sum()
+
+        @njit(cache=True)
+        def g(x):
+            return x * 2
+    """))
+    script = "; ".join((
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})",
+        "from emulator.engine import kernel_cache",
+        f"kernel_cache.install(({str(tmp_path / 'mod.py')!r},))",
+        "import mod; print(kernel_cache.cached((mod,)), mod.f(4), 'numba.np.polynomial' in sys.modules, mod.g(2.5))",
+        "print(kernel_cache.cached((mod,)), mod.g(3))",
+    ))  # fmt: skip
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert run() == ["False", "6", "True", "5.0", "True", "6"]  # compiled: the registries loaded
+    assert run() == ["True", "6", "False", "5.0", "True", "6"]  # from the cache, without them
+
+
+def test_the_run_starts_no_warm_up_where_the_kernels_are_cached(monkeypatch):
+    """netcore.prepare_kernels compiles ahead, in a thread, only where a kernel is missing from the cache."""
+    from emulator.engine import netcore, netkernels, netmailbox, opkernels
+
+    netcore.warm_up()
+    assert kernel_cache.cached((netkernels, netmailbox, opkernels))
+    for missing, started in ((False, False), (True, True)):
+        monkeypatch.setattr(netcore, "_prepared", False)
+        monkeypatch.setattr(netcore, "_warming", None)
+        monkeypatch.setattr(netcore, "warm_up", lambda: None)
+        if missing:
+            monkeypatch.setattr(kernel_cache, "cached", lambda modules: False)
+        netcore.prepare_kernels()
+        assert (netcore._warming is not None) == started
+        if started:
+            netcore._warming.join()

@@ -149,3 +149,13 @@ def test_plain_csv_lines_are_what_the_csv_module_writes(tmp_path):
         assert (tmp_path / "fast.csv").read_bytes() == expected.read_bytes()
     assert csv_plain(["nvswitch", "ib-leaf"]) and not csv_plain(["a,b"]) and not csv_plain(['q"']) \
         and not csv_plain([""])  # fmt: skip
+
+
+def test_rows_are_plain_only_with_ints_floats_and_unquoted_text():
+    """rows_plain: the rows that write_csv may format directly (ranks.csv, histograms.csv)."""
+    from emulator.results.tables import rows_plain
+
+    row = {"rank": 3, "gpu": "H100", "compute_slowdown": 1.25}
+    assert rows_plain([row, row]) and rows_plain([])
+    for bad in (True, None, "a,b", 'q"', "", "two\nlines", b"bytes"):
+        assert not rows_plain([row, {**row, "gpu": bad}]), bad
