@@ -100,7 +100,7 @@ def _load_without_refresh(numbas_load):
     from numba.core.runtime import rtsys
 
     def load_overload(self, sig, target_context):
-        if not isinstance(self._impl.locator, _locators):
+        if not isinstance(getattr(getattr(self, "_impl", None), "locator", None), _locators):
             return numbas_load(self, sig, target_context)
         rtsys.initialize(target_context)  # what the loaded code calls (numba's refresh starts with it)
         with self._guard_against_spurious_io_errors():
@@ -126,8 +126,12 @@ def cached(modules) -> bool:
             cache = kernel._cache
             if not isinstance(cache, caching.Cache):
                 return False  # a kernel without numba's cache: compiled by every process
-            wanted = cache._index_key(None, codegen)[1:]  # (a key: the signature, the machine, the bytecode)
-            if not any(key[1:] == wanted for key in cache._cache_file._load_index()):
+            try:
+                wanted = cache._index_key(None, codegen)[1:]  # (a key: the signature, the machine, the bytecode)
+                keys = cache._cache_file._load_index()
+            except (AttributeError, TypeError):  # another numba's private layout: say "compile ahead"
+                return False
+            if not any(key[1:] == wanted for key in keys):
                 return False
     return True
 
@@ -155,7 +159,9 @@ def install(files: tuple[str, ...]) -> bool:
     global _locators
     _locators = tuple(c for c in classes if getattr(c, "__name__", "").startswith("Grouped"))
     numbas_load = getattr(caching.Cache, "load_overload", None)
-    if hasattr(caching.Cache, "_load_overload") and not getattr(numbas_load, "without_refresh", False):
+    # (numba's private names this relies on: where one is missing numba loads as it always did)
+    private = ("_load_overload", "_guard_against_spurious_io_errors")
+    if all(hasattr(caching.Cache, n) for n in private) and not getattr(numbas_load, "without_refresh", False):
         caching.Cache.load_overload = _load_without_refresh(numbas_load)
     return True
 
