@@ -5,6 +5,7 @@ slots, its dependencies, and its slot given back.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from emulator.engine import kernel_cache  # noqa: F401 - before any kernel: one cache stamp (its module doc)
@@ -88,10 +89,15 @@ def _pop(heap, g):
         _prefetch(at)
         _prefetch(at + 64)
         _prefetch(at + 95)
+        # (unsigned indices: numba adds no wrap-around of a negative one on the chain of loads)
+        r = np.uint64(c)
         if c + 1 < n:
-            ct, dt = heap[c, 0], heap[c + 1, 0]
-            c += (dt < ct) | ((dt == ct) & (heap[c + 1, 1] < heap[c, 1]))
-        heap[i, 0], heap[i, 1], heap[i, 2] = heap[c, 0], heap[c, 1], heap[c, 2]
+            d = np.uint64(c + 1)
+            ct, dt = heap[r, 0], heap[d, 0]
+            c += (dt < ct) | ((dt == ct) & (heap[d, 1] < heap[r, 1]))
+            r = np.uint64(c)
+        h = np.uint64(i)
+        heap[h, 0], heap[h, 1], heap[h, 2] = heap[r, 0], heap[r, 1], heap[r, 2]
         i = c
         c = 2 * i + 1
     while i > 0:
