@@ -46,24 +46,31 @@ def _push(heap, st, t, kind, rank, origin, seq, payload):
 
 @njit(cache=True, inline="always")
 def _pop(heap, st):
-    """Remove the top row; the caller has read it."""
+    """Remove the top row; the caller has read it. As opheap._pop, Floyd's order of work: the hole
+    goes down to a leaf along the smaller child (one comparison of keys a level instead of two),
+    then the last row rises from there to its place (the keys are unique: the same order)."""
     n = st[HEAP_N] - 1
     st[HEAP_N] = n
     if n == 0:
         return
     a0, a1, a2, a3, a4, a5 = heap[n, 0], heap[n, 1], heap[n, 2], heap[n, 3], heap[n, 4], heap[n, 5]
     i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
+    c = 1
+    while c < n:
         if c + 1 < n and _less(heap[c + 1, 0], heap[c + 1, 1], heap[c + 1, 2], heap[c + 1, 3], heap[c + 1, 4], heap, c):
             c += 1
-        if _less(a0, a1, a2, a3, a4, heap, c):
-            break
         for j in range(6):
             heap[i, j] = heap[c, j]
         i = c
+        c = 2 * i + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if _less(a0, a1, a2, a3, a4, heap, p):
+            for j in range(6):
+                heap[i, j] = heap[p, j]
+            i = p
+        else:
+            break
     heap[i, 0] = a0
     heap[i, 1] = a1
     heap[i, 2] = a2

@@ -260,7 +260,7 @@ class OpCore(KernelMessages, BlockTemplates):
         gb = self.gb  # (called after every new template, plan and message descriptor: no generator)
         if (self.ti.base is not gb or self.tp.base is not gb or self.pl.base is not gb or self.plk.base is not gb
                 or self.tl.base is not gb or self.sd.base is not gb or self.kc.base is not gb
-                or self.tf is not self.args[3]):  # fmt: skip
+                or self.tf is not self.buffers[3]):  # fmt: skip
             self._pack()
 
     def _pack(self) -> None:
@@ -278,7 +278,11 @@ class OpCore(KernelMessages, BlockTemplates):
             at += a.size
         self.ti, self.tp, self.pl, self.plk, self.tl, self.sd, self.kc = views
         self.gb = gb
-        self.args = (self.ib, gb, self.fb, self.tf, self.free, self.net)
+        # the kernels' one array argument, by its address (opkernels' entry points: oplayout.C_*); the
+        # buffers it names are held here, alive as long as the table names them
+        self.buffers = (self.ib, gb, self.fb, self.tf, self.free, self.net)
+        self.call = np.array([a.ctypes.data for a in self.buffers], np.int64)
+        self.args = (self.call.ctypes.data,)
 
     @property
     def events(self) -> int:
@@ -568,11 +572,10 @@ class OpCore(KernelMessages, BlockTemplates):
 
     def run(self, limit: tuple | None, horizon: int) -> int:
         """Process events before ``limit`` (the shard's other heaps' next key) and ``horizon``."""
-        ib, gb, fb, tf, free, net = self.args
         if limit is None:
-            k.run(ib, gb, fb, tf, free, net, _NO_LIMIT, 0, 0, 0, 0, horizon)
+            k.run(self.args[0], _NO_LIMIT, 0, 0, 0, 0, horizon)
         else:
-            k.run(ib, gb, fb, tf, free, net, *limit, horizon)
+            k.run(self.args[0], *limit, horizon)
         # (_after, inline: a call every dozen events)
         g = self.gm
         if g[_G_ERR] or g[_G_NOVF]:

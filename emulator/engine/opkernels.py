@@ -252,65 +252,65 @@ __all__ = [
 
 
 @njit(cache=True)
-def launch_rest(ib, gb, fb, tf, free, net, ri, now):
-    P = _packed(ib, gb, fb, tf, free, net)
+def launch_rest(call, ri, now):
+    P = _packed(call)
     _begin_pending(P, ri)
     _launch_rest(P, ri, now)
     _note_room(P)
 
 
 @njit(cache=True)
-def start_block(ib, gb, fb, tf, free, net, ri, t):
-    P = _packed(ib, gb, fb, tf, free, net)
+def start_block(call, ri, t):
+    P = _packed(call)
     _begin_pending(P, ri)
     _start_block(P, ri, t)
     _note_room(P)
 
 
 @njit(cache=True)
-def cont(ib, gb, fb, tf, free, net, ri, t):
+def cont(call, ri, t):
     """The compute stream's loop (Shard._try_start) goes on at ``t`` after an ST_IRESUME."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    P = _packed(call)
     g = _i1(P, A_G)
     g[G_STATUS] = _try_c(P, ri, t)
     _note_room(P)
 
 
 @njit(cache=True)
-def run(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
-    P = _packed(ib, gb, fb, tf, free, net)
+def run(call, lt, lk, lr, lo, ls, horizon):
+    P = _packed(call)
     _run_at(P, lt, lk, lr, lo, ls, horizon)
     _note_room(P)
 
 
 @njit(cache=True)
-def launch_recv(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+def launch_recv(call, ri, d, size, dep, now):
     """:func:`_launch_recv` alone (OpCore.launch_recv). Status ST_LIMIT, or ST_RMISMATCH."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    P = _packed(call)
     g = _i1(P, A_G)
     g[G_STATUS] = _launch_recv(P, ri, d, size, dep, now)
     _note_room(P)
 
 
 @njit(cache=True)
-def complete_recv(ib, gb, fb, tf, free, net, op, t):
+def complete_recv(call, op, t):
     """A kernel receive completes at its hand-over's event (the message core's RECV_DONE): as
     Shard._complete; the status of _recv_rest (an instant op's, ST_RESUME, ST_LIMIT)."""
-    _complete_recv(_packed(ib, gb, fb, tf, free, net), op, t)
+    _complete_recv(_packed(call), op, t)
 
 
 @njit(cache=True)
-def run_net(ib, gb, fb, tf, free, net, lt, lk, lr, lo, ls, horizon):
+def run_net(call, lt, lk, lr, lo, ls, horizon):
     """The message core's run (netkernels.run_events, NetCore.run) with the tapes' receives it
     completes completed in the same call (:func:`oploop._run_net_at`; EMULATOR_TAPE=steps and
     blocks, one shard): its status, or NET_KRECV where Python goes on after such a receive."""
-    return _run_net_at(_packed(ib, gb, fb, tf, free, net), lt, lk, lr, lo, ls, horizon)
+    return _run_net_at(_packed(call), lt, lk, lr, lo, ls, horizon)
 
 
 @njit(cache=True)
-def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
+def launch_send(call, ri, d, size, dep, now):
     """:func:`_launch_send` alone (a send after a step the kernels did not launch, OpCore.launch_send)."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    P = _packed(call)
     _launch_send(P, ri, d, size, dep, now)
     g = _i1(P, A_G)
     g[G_STATUS] = ST_LIMIT
@@ -318,7 +318,7 @@ def launch_send(ib, gb, fb, tf, free, net, ri, d, size, dep, now):
 
 
 @njit(cache=True)
-def launch_step(ib, gb, fb, tf, free, net, ri, now, d, size, dep, rd, rsize):
+def launch_step(call, ri, now, d, size, dep, rd, rsize):
     """A tape step's block launched to its end, then its send (descriptor ``d`` >= 0) and the next
     step's receive (``rd`` >= 0), in one call (tape.py's phases 2, 3 and the next step's 0;
     OpCore.launch_step): :func:`launch_rest`; where it returns ST_LAUNCHED (no instant op stopped
@@ -327,7 +327,7 @@ def launch_step(ib, gb, fb, tf, free, net, ri, now, d, size, dep, rd, rsize):
     (Shard.launch's check) :func:`_launch_recv`, after the block too (it cannot start before the
     block's end: no mismatch here), status ST_STEPPED; else launch_rest's status (ST_LAUNCHED:
     the send was launched, not the receive)."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    P = _packed(call)
     _begin_pending(P, ri)
     _launch_rest(P, ri, now)
     g = _i1(P, A_G)

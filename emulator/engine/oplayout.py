@@ -131,10 +131,17 @@ assert NET_KRECV > _RECV_MISMATCH, "run_net's status follows the message core's"
 ST_ICHAIN = 11
 # The packed buffers (OpCore._pack_*): numba's dispatcher checks and unboxes each array argument of
 # a call, about 0.15 us apiece (2.6 us a call with the 14 arrays these kernels use), and a run makes
-# a kernel call every two or three events; so the entry points below take five buffers and cut the
-# arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates, plans and
-# timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid out by
-# ``ib``'s header; ``tf`` (the templates' FLOPs) and ``free`` (the link model's array) are passed whole.
+# a kernel call every two or three events; so the kernels' arrays live in five buffers and the entry
+# points cut the arrays out of them. ``ib`` (int64, fixed size) and ``gb`` (int64, grown: the templates,
+# plans and timeline) start with a header of ``(offset, rows)`` pairs, ``fb`` (float64, fixed) is laid
+# out by ``ib``'s header; ``tf`` (the templates' FLOPs), ``free`` (the link model's array) and ``net``
+# (the message core's table, netkernels.TABLE) are taken whole.
+# Even six array arguments took 0.5 us of a call's dispatch more than ints do (a call of launch_step,
+# the most frequent, costs 2 us in all): so an entry point takes one int, the address of the call
+# table, an int64 array of the six buffers' addresses (C_*: OpCore._pack writes it, again whenever
+# ``gb`` or ``tf`` is replaced; OpCore holds the buffers, alive as long as the table names them).
+C_IB, C_GB, C_FB, C_TF, C_FREE, C_NET = range(6)
+CALL_FIELDS = 6
 H_RS, H_OPS, H_HEAP, H_G, H_QN, H_QM, H_OVF, H_GR, H_OF, H_RF = range(0, 20, 2)
 IB_HEADER = 20
 H_TI, H_TP, H_PL, H_PLK, H_TL, H_SD, H_KC = range(0, 14, 2)
@@ -188,23 +195,16 @@ def _f1(P, a):
 
 
 @njit(cache=True, inline="always")
-def _rows(buf, h, cols):
-    """The 2-D array of ``cols`` columns whose (offset, rows) header pair is at ``buf[h]`` (a view)."""
-    return carray(_void_ptr(buf.ctypes.data + buf[h] * 8), (buf[h + 1], cols), buf.dtype)
-
-
-@njit(cache=True, inline="always")
-def _vec(buf, header, h):
-    """The 1-D array whose (offset, length) pair is at ``header[h]``, in ``buf`` (a view)."""
-    return carray(_void_ptr(buf.ctypes.data + header[h] * 8), header[h + 1], buf.dtype)
-
-
-@njit(cache=True, inline="always")
-def _packed(ib, gb, fb, tf, free, net):
-    """The table of the packed buffers' arrays (one description of the unpacking for every entry),
-    then the kernel sends' (A_SD, A_KC) and the message core's table (A_NET)."""
-    return _table(_rows(ib, H_RS, R_FIELDS), _rows(ib, H_OPS, O_FIELDS), _vec(fb, ib, H_OF), _vec(fb, ib, H_RF),
-                  _rows(gb, H_TI, 3), tf, _rows(gb, H_TP, 2), _rows(gb, H_PL, P_FIELDS), _vec(gb, gb, H_PLK), free,
-                  _vec(ib, ib, H_QN), _vec(ib, ib, H_QM), _vec(gb, gb, H_TL), _rows(ib, H_OVF, 4),
-                  _rows(ib, H_HEAP, 3), _vec(ib, ib, H_G), _rows(ib, H_GR, GR_FIELDS)) + (
-        gb.ctypes.data + gb[H_SD] * 8, gb.ctypes.data + gb[H_KC] * 8, net.ctypes.data)  # fmt: skip
+def _packed(call):
+    """The table of the arrays (A_*) from the call table at address ``call`` (C_*): the packed
+    buffers' arrays where their headers place them, then the kernel sends' (A_SD, A_KC) and the
+    message core's table (A_NET); one description of the unpacking for every entry point."""
+    c = carray(_void_ptr(call), CALL_FIELDS, np.int64)
+    ib, gb, fb = c[C_IB], c[C_GB], c[C_FB]
+    ih = carray(_void_ptr(ib), IB_HEADER, np.int64)
+    gh = carray(_void_ptr(gb), GB_HEADER, np.int64)
+    return (ib + ih[H_RS] * 8, ib + ih[H_OPS] * 8, fb + ih[H_OF] * 8, fb + ih[H_RF] * 8, gb + gh[H_TI] * 8,
+            c[C_TF], gb + gh[H_TP] * 8, gb + gh[H_PL] * 8, gb + gh[H_PLK] * 8, c[C_FREE], ib + ih[H_QN] * 8,
+            ib + ih[H_QM] * 8, gb + gh[H_TL] * 8, ib + ih[H_OVF] * 8, ib + ih[H_HEAP] * 8, ib + ih[H_G] * 8,
+            ib + ih[H_GR] * 8, gh[H_TL + 1], ih[H_OVF + 1], gb + gh[H_SD] * 8, gb + gh[H_KC] * 8,
+            c[C_NET])  # fmt: skip

@@ -173,7 +173,7 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
     run), and an event's rows were last touched when the op was launched or started, long before:
     waiting for them was most of an event's time. So each event asks for what the next one reads
     (the heap's top after the pop: its row, and from it the stream's next op and the dependents,
-    _ahead) and for the rows of the one after (one of the top's two children: both)."""
+    _ahead) and for the row of the one after (the smaller of the top's two children)."""
     rs = _i2(P, A_RS, R_FIELDS)
     ops = _i2(P, A_OPS, O_FIELDS)
     of = _f1(P, A_OF)
@@ -203,11 +203,13 @@ def _run_at(P, lt, lk, lr, lo, ls, horizon):
         n = g[G_HEAPN]
         if n > 0:
             _ahead(ops, of, heap[0, 2])
-            # the next event after that is one of the top's children now (or one pushed later)
-            if n > 1:
-                _prefetch_row(ops, heap[1, 2])
+            # the next event after that is the smaller of the top's children now (or one pushed
+            # later): its row only (chosen without a branch; asking for both rows took page walks)
             if n > 2:
-                _prefetch_row(ops, heap[2, 2])
+                _prefetch_row(ops, heap[1 + ((heap[2, 0] < heap[1, 0]) | ((heap[2, 0] == heap[1, 0]) & (
+                    heap[2, 1] < heap[1, 1]))), 2])  # fmt: skip
+            elif n > 1:
+                _prefetch_row(ops, heap[1, 2])
         g[G_EVENTS] += 1
         kind = ops[op, O_KIND]
         if kind == K_S:
