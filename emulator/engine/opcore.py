@@ -777,6 +777,7 @@ def warm_up(net=None) -> None:
         core.rs[0, k.R_BEGIN] = 0  # a block and its send in one call (tape.py), both run
         k.launch_step(*core.args, 0, 0, 0, 1, 0, -1, 0)
         k.run(*core.args, k.NO_LIMIT, 0, 0, 0, 0, k.NO_LIMIT)
+        k.launch_steps(*core.args, 0, 0, core.step_rows, 0)  # (no step: compiled, nothing launched)
         # a receive from rank 1 that waits, completed as at its hand-over
         base = k.R_SS0 + k.SS_FIELDS
         core.sd[1] = (1, 0, 0, 1, 1, 1)

@@ -344,7 +344,7 @@ def launch_step(call, ri, now, d, size, dep, rd, rsize):
 
 
 @njit(cache=True)
-def launch_steps(ib, gb, fb, tf, free, net, ri, now, st, n):
+def launch_steps(call, ri, now, st, n):
     """Steps ``st[0:n]`` of a tape (``st[s] = (block, d, size, rd, rsize)``: the block's template,
     its send's descriptor and size, the next step's receive's; EMULATOR_TAPE=arrays,
     OpCore.launch_steps) launched in one call, each as the per-step calls would launch it: its
@@ -355,7 +355,7 @@ def launch_steps(ib, gb, fb, tf, free, net, ri, now, st, n):
     where this one ended as a step whose Python after the call has nothing to do (ST_STEPPED, no
     flag for OpCore._after, the program not to be suspended). Returns how many steps it launched
     (0: none); G_STATUS is the last one's (launch_step's)."""
-    P = _packed(ib, gb, fb, tf, free, net)
+    P = _packed(call)
     rs = _i2(P, A_RS, R_FIELDS)
     g = _i1(P, A_G)
     max_ahead = g[G_MAXAHEAD]
