@@ -28,6 +28,13 @@ def _less(a0, a1, a2, a3, a4, heap, r) -> bool:
 def _push(heap, st, t, kind, rank, origin, seq, payload):
     i = st[HEAP_N]
     st[HEAP_N] = i + 1
+    _rise(heap, i, t, kind, rank, origin, seq, payload)
+
+
+@njit(cache=True, inline="always")
+def _rise(heap, i, t, kind, rank, origin, seq, payload):
+    """Put the row at the hole ``i`` or above it, its parents that follow it moved down (a push's
+    sift-up, and the end of a pop)."""
     while i > 0:
         p = (i - 1) >> 1
         if _less(t, kind, rank, origin, seq, heap, p):
@@ -63,20 +70,7 @@ def _pop(heap, st):
             heap[i, j] = heap[c, j]
         i = c
         c = 2 * i + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if _less(a0, a1, a2, a3, a4, heap, p):
-            for j in range(6):
-                heap[i, j] = heap[p, j]
-            i = p
-        else:
-            break
-    heap[i, 0] = a0
-    heap[i, 1] = a1
-    heap[i, 2] = a2
-    heap[i, 3] = a3
-    heap[i, 4] = a4
-    heap[i, 5] = a5
+    _rise(heap, i, a0, a1, a2, a3, a4, a5)
 
 
 @njit(cache=True, inline="always")

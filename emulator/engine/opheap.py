@@ -55,9 +55,15 @@ def _push(heap, g, t, rank, seq, op):
     ordered as that key (its kind and origin are the same on every row)."""
     if seq >= SEQ_LIMIT:
         g[G_ERR] = 3  # the packed key's bound (OpCore bounds the ranks)
-    key = (rank << SEQ_BITS) | seq
     i = g[G_HEAPN]
     g[G_HEAPN] = i + 1
+    _rise(heap, i, t, (rank << SEQ_BITS) | seq, op)
+
+
+@njit(cache=True, inline="always")
+def _rise(heap, i, t, key, op):
+    """Put the row ``(t, key, op)`` at the hole ``i`` or above it, its parents that follow it moved
+    down (a push's sift-up, and the end of a pop)."""
     while i > 0:
         p = (i - 1) >> 1
         pt = heap[p, 0]
@@ -100,15 +106,7 @@ def _pop(heap, g):
         heap[h, 0], heap[h, 1], heap[h, 2] = heap[r, 0], heap[r, 1], heap[r, 2]
         i = c
         c = 2 * i + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        pt = heap[p, 0]
-        if t < pt or (t == pt and key < heap[p, 1]):
-            heap[i, 0], heap[i, 1], heap[i, 2] = pt, heap[p, 1], heap[p, 2]
-            i = p
-        else:
-            break
-    heap[i, 0], heap[i, 1], heap[i, 2] = t, key, op
+    _rise(heap, i, t, key, op)
 
 
 @njit(cache=True, inline="always")
